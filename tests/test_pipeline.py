@@ -155,3 +155,38 @@ def test_statistics_hook_writes_files_and_never_changes_numerics(tmp_path):
     assert stats.hottest(1) == [(2, 8)]
     with pytest.raises(RuntimeError, match="no profile_data_directory"):
         plain.write_statistics()
+
+
+def test_pipelined_update_runs_in_the_background_and_reraises(monkeypatch):
+    """On the CPU, step N's update runs on the engine's update thread while the caller works
+    on step N+1's activations; an error there surfaces at the next join, tables unchanged."""
+    import embcore.engine as engine_module
+
+    emb = make_engine(True)
+    real_update, threads = engine_module.ops.update, []
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module.ops, "update", spy)
+    for ids in BATCHES:
+        (emb({"f": torch.tensor(ids)})["f"] ** 2).sum().backward()
+    emb.flush()  # the last update: applied here, on the caller's thread
+    assert len(threads) == len(BATCHES)
+    assert all(name.startswith("embcore-update") for name in threads[:-1])
+    assert not threads[-1].startswith("embcore-update")
+    np.testing.assert_allclose(
+        emb.embedding_tables["t"].numpy(), numpy_reference(True)[1], rtol=1e-6, atol=1e-7
+    )
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kernel failed")
+
+    before = emb.embedding_tables["t"].clone()
+    monkeypatch.setattr(engine_module.ops, "update", boom)
+    (emb({"f": torch.tensor([1])})["f"] ** 2).sum().backward()
+    emb({"f": torch.tensor([2])})  # submits the failing update
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        emb.flush()
+    assert torch.equal(emb.embedding_tables["t"], before)

@@ -126,7 +126,8 @@ def markdown(results: dict) -> str:
             f"{r['gather_fraction']:.0%} | {_gib(r['peak_rss'])} / {_gib(r['state_bytes'])} | "
             f"{', '.join(f'{m:.1f}' for m in r['runs_ms'])} |"
         )
-    peers = [(r["system"], r["optimizer"], r["label"]) for r in rows if r["system"] != "embcore"]
+    ours = [r for r in rows if r["system"].startswith("embcore")]
+    peers = [(r["system"], r["optimizer"], r["label"]) for r in rows if r not in ours]
     peers = list(dict.fromkeys(peers))
     if peers:
         lines += [
@@ -136,14 +137,14 @@ def markdown(results: dict) -> str:
             "| workload | embcore | " + " | ".join(f"{s} {label}" for s, _, label in peers) + " |",
             "|---|---|" + "---:|" * len(peers),
         ]
-        for r in rows:
-            if r["system"] != "embcore":
-                continue
+        for r in ours:
             cells = []
             for system, optimizer, _ in peers:
                 peer = _find(rows, r["workload"], system, optimizer)
                 cells.append("-" if peer is None else f"{peer['median_ms'] / r['median_ms']:.2f}x")
-            lines.append(f"| {r['workload']} | {r['label']} | " + " | ".join(cells) + " |")
+            variant = r["system"].removeprefix("embcore").lstrip(", ")
+            name = r["label"] + (f" ({variant})" if variant else "")
+            lines.append(f"| {r['workload']} | {name} | " + " | ".join(cells) + " |")
     checks = targets(rows)
     if checks:
         lines += ["", "| target | wanted | measured | met |", "|---|---|---|---|"]

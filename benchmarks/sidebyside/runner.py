@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from embcore.ops.cpu.malloc import keep_freed_memory
 from sidebyside import limits, memory
 from sidebyside.systems import SYSTEMS
 from sidebyside.workloads import WORKLOADS, bytes_touched, make_batches
@@ -120,6 +121,8 @@ def run(options: Options, log: Callable[[str], None] = print) -> dict:
     """Every repeat: the limits, then each workload x optimizer x system. Returns the JSON."""
     if options.threads:
         torch.set_num_threads(options.threads)
+    # for every system alike: freed batch-sized blocks are reused, not mapped afresh each step
+    kept = keep_freed_memory()
     systems = [
         s
         for s in SYSTEMS
@@ -131,6 +134,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> dict:
             skipped[s.NAME] = reason
             log(f"skipping {s.NAME}: {reason}")
     results: dict = {"hardware": hardware(), "options": asdict(options), "skipped": skipped}
+    results["hardware"]["malloc_keeps_freed_memory"] = kept
     results["workloads"] = {name: asdict(WORKLOADS[name]) for name in options.workloads}
     results["limits"], results["runs"] = [], []
     for repeat in range(options.repeats):

@@ -1,8 +1,10 @@
 """The PyTorch-style training path: a lookup whose backward applies the engine's update.
 
-``EmbeddingEngine.forward`` in training mode returns the activations of this function; autograd's
-backward hands it d(loss)/d(activation) of every feature (``None`` for unused ones, read as
-zeros) and it runs the same update as ``apply_gradients``, once.
+``EmbeddingEngine.forward`` in training mode returns the activations of
+:class:`LookupWithUpdate`, and ``EmbeddingEngine.stacked`` the one tensor of
+:class:`StackedLookupWithUpdate`; autograd's backward hands them d(loss)/d(activation)
+(``None`` for unused outputs, read as zeros) and they run the same update as
+``apply_gradients``, once.
 """
 
 from __future__ import annotations
@@ -12,11 +14,32 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["LookupWithUpdate"]
+__all__ = ["LookupWithUpdate", "StackedLookupWithUpdate"]
+
+
+def _apply_once(ctx: Any, grads: list[Tensor | None], whole: Tensor | None = None) -> None:
+    """Check one gradient per feature (``None``: zeros) and run the engine's update
+    (``whole``: one tensor holding them all, for a single finiteness pass)."""
+    if ctx.applied:
+        raise RuntimeError(
+            "EmbeddingEngine: backward ran twice through one lookup; its update was already "
+            "applied (do not retain_graph through the engine)"
+        )
+    engine: Any = ctx.engine
+    checked = []
+    for f, b, g in zip(engine._features, ctx.batches, grads, strict=True):
+        if g is not None:
+            g = g.reshape(*b.output_shape, engine._tables[f.table].dim)
+        checked.append(engine._check_gradient(f, b, g))
+    if whole is None:
+        engine._update(ctx.batches, checked)
+    else:
+        engine._update(ctx.batches, checked, whole=whole)
+    ctx.applied = True
 
 
 class LookupWithUpdate(torch.autograd.Function):
-    """Forward: the lookup. Backward: the engine's update, once, with the activation grads."""
+    """Forward: the lookup, one activation per feature. Backward: the engine's update."""
 
     @staticmethod
     def forward(ctx: Any, anchor: Tensor, engine: Any, batches: list) -> Any:
@@ -26,17 +49,29 @@ class LookupWithUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
-        if ctx.applied:
-            raise RuntimeError(
-                "EmbeddingEngine: backward ran twice through one lookup; its update was already "
-                "applied (do not retain_graph through the engine)"
-            )
-        engine: Any = ctx.engine
-        checked = []
-        for f, b, g in zip(engine._features, ctx.batches, grads, strict=True):
-            if g is not None:
-                g = g.reshape(*b.output_shape, engine._tables[f.table].dim)
-            checked.append(engine._check_gradient(f, b, g))
-        engine._update(ctx.batches, checked)
-        ctx.applied = True
+        _apply_once(ctx, list(grads))
         return None, None, None
+
+
+class StackedLookupWithUpdate(torch.autograd.Function):
+    """Forward: the lookup into one ``(*shape, F, dim)`` tensor. Backward: the engine's update
+    with the gradient's ``[..., f, :]`` slice for feature ``f`` (no copy)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: Tensor, engine: Any, batches: list, shape: tuple) -> Tensor:
+        ctx.engine, ctx.batches, ctx.applied = engine, batches, False
+        ctx.set_materialize_grads(False)
+        out = torch.empty(shape, dtype=torch.float32, device=engine.device)
+        engine._lookup(batches, out=out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor | None) -> Any:
+        if grad is None:
+            _apply_once(ctx, [None] * len(ctx.batches))
+            return None, None, None, None
+        grad = grad.detach().to(torch.float32)
+        flat = grad.reshape(-1, grad.shape[-2], grad.shape[-1])  # (S, F, dim)
+        whole = flat if flat.is_contiguous() else None
+        _apply_once(ctx, [flat[:, f, :] for f in range(flat.shape[1])], whole)
+        return None, None, None, None

@@ -13,8 +13,8 @@ the table, all samples) and then applies the table's optimizer once per touched 
 
 from __future__ import annotations
 
-import math
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from embcore import nest, ops
-from embcore._autograd import LookupWithUpdate
+from embcore._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore._validate import check_int
 from embcore.config import FeatureConfig, ResolvedFeature, ResolvedTable, resolve
 from embcore.initializers import initial_rows, initial_slots
@@ -33,13 +33,34 @@ from embcore.stats import StatsCollector, StatsTable
 __all__ = ["EmbeddingEngine", "PreparedBatch"]
 
 
-def _all_finite(g: Tensor) -> bool:
-    """Whether every element of ``g`` is finite. ``aminmax`` propagates NaN and +-inf and is
-    ~15x faster than ``isfinite(g).all()`` (no bool temporary); this runs per feature per step."""
-    if g.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(g)
-    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+#: The thread that applies pipelined updates on the CPU (one for every engine: updates from
+#: several engines run one after another, each still overlapping its own engine's next step).
+_update_thread = ThreadPoolExecutor(1, thread_name_prefix="embcore-update")
+
+
+#: table storage dtypes -> the backends that can update them (slots and math stay float32)
+_STORAGE_BACKENDS = {
+    torch.float32: None,  # every backend
+    torch.float16: ("triton",),
+    torch.bfloat16: ("triton",),
+}
+
+
+def _storage_dtype(value: Any, backend: str) -> torch.dtype:
+    """Check ``storage_dtype`` against the dtypes the chosen backend stores."""
+    if not isinstance(value, torch.dtype) or value not in _STORAGE_BACKENDS:
+        raise ValueError(
+            f"EmbeddingEngine: storage_dtype must be torch.float32, torch.float16 or "
+            f"torch.bfloat16, got {value!r}"
+        )
+    allowed = _STORAGE_BACKENDS[value]
+    if allowed is not None and backend not in allowed:
+        raise ValueError(
+            f"EmbeddingEngine: storage_dtype={value} needs backend 'triton' (CUDA tables with "
+            f"Triton installed), got backend {backend!r}; use storage_dtype=torch.float32 on "
+            "the CPU and reference backends"
+        )
+    return value
 
 
 def _is_feature(x: Any) -> bool:
@@ -88,6 +109,9 @@ class EmbeddingEngine(nn.Module):
         non_finite_gradients: ``"raise"`` (default): a NaN or Inf activation gradient raises
             ``ValueError`` naming the feature and table, and nothing is updated; ``"skip"``:
             the step's update is dropped and counted in :attr:`skipped_steps`.
+        storage_dtype: how tables are stored: ``torch.float32`` (default), or
+            ``torch.float16`` / ``torch.bfloat16`` with the ``"triton"`` backend (float32 slots
+            and optimizer math, rows rounded once when stored; docs/gpu_backend.md).
         plan: an ``embcore.sharding.ShardingPlan``. Under an initialized process group of
             several ranks (``torchrun``) the engine shards its tables over the ranks, by this
             plan or by the planner's, and computes what one process computes on all ranks'
@@ -116,6 +140,7 @@ class EmbeddingEngine(nn.Module):
         profile_sample_rate: float = 0.03,
         plan: Any = None,
         non_finite_gradients: str = "raise",
+        storage_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self._features, self._tables = resolve(feature_config, optimizer)
@@ -124,6 +149,7 @@ class EmbeddingEngine(nn.Module):
         device = torch.device("cpu" if device is None else device)
         self.backend = ops.default_backend(device) if backend == "auto" else backend
         ops.get_backend(self.backend)
+        self.storage_dtype = _storage_dtype(storage_dtype, self.backend)
         if plan is not None:
             raise ValueError(
                 f"{type(self).__name__}: plan= is for the sharded engine; construct "
@@ -148,6 +174,10 @@ class EmbeddingEngine(nn.Module):
         self.skipped_steps = 0
         self.pipelined = bool(pipeline_execution_with_tensor_core)
         self._deferred: tuple[list[FeatureBatch], list[Tensor], list[float]] | None = None
+        # pipelined on the CPU, the deferred update runs on a background thread (the CPU
+        # backend's kernels release the GIL) while the caller computes; ``_wait`` joins it
+        self._inflight: Future | None = None
+        self._states_cache: tuple[tuple[Tensor, ...], list[ops.TableState]] | None = None
         self._stats = None
         if profile_data_directory is not None:
             tables = [
@@ -174,7 +204,7 @@ class EmbeddingEngine(nn.Module):
             cfg = table.config
             weight = initial_rows(
                 table.name, cfg.vocabulary_size, cfg.dim, cfg.initializer, self.seed
-            ).to(device)
+            ).to(device=device, dtype=self.storage_dtype)
             self.register_buffer(f"_w{table.index}", weight)
             for name, value in initial_slots(table, weight).items():
                 self.register_buffer(f"_s{table.index}_{name}", value)
@@ -191,6 +221,19 @@ class EmbeddingEngine(nn.Module):
 
     def _state(self, table: ResolvedTable) -> ops.TableState:
         return ops.TableState(table.name, self._weight(table), self._slots(table), table.optimizer)
+
+    def _states(self) -> list[ops.TableState]:
+        """Every table's state, rebuilt only when a buffer was replaced (``.to()``, assignment):
+        backends cache per-state work (descriptors, checks) on these objects."""
+        buffers = tuple(self._buffers.values())
+        cached = self._states_cache
+        if (
+            cached is None
+            or len(cached[0]) != len(buffers)
+            or any(a is not b for a, b in zip(cached[0], buffers, strict=True))
+        ):
+            cached = self._states_cache = (buffers, [self._state(t) for t in self._tables])
+        return cached[1]
 
     @property
     def device(self) -> torch.device:
@@ -214,16 +257,19 @@ class EmbeddingEngine(nn.Module):
     @property
     def embedding_tables(self) -> dict[str, Tensor]:
         """``{table name: (vocab, dim) float32}``, the live tensors."""
+        self._wait()
         return {t.name: self._weight(t) for t in self._tables}
 
     @property
     def slot_variables(self) -> dict[str, dict[str, Tensor]]:
         """``{table name: {slot name: tensor}}``, the live tensors (``{}`` for SGD)."""
+        self._wait()
         return {t.name: self._slots(t) for t in self._tables}
 
     @property
     def step(self) -> int:
         """Number of updates applied so far."""
+        self._wait()
         return int(self._step)
 
     def extra_repr(self) -> str:
@@ -276,6 +322,7 @@ class EmbeddingEngine(nn.Module):
         error_msgs.extend(errors)
         if errors or (strict and (missing or unexpected)):
             return  # load nothing: a failed load leaves the engine as it was
+        self._wait()
         with torch.no_grad():
             for key, buffer in keys.items():
                 if key in state_dict:
@@ -317,12 +364,25 @@ class EmbeddingEngine(nn.Module):
     def _by_table(self, flat: list[Any]) -> list[list[Any]]:
         return [[flat[i] for i in t.features] for t in self._tables]
 
-    def _lookup(self, batches: list[FeatureBatch]) -> list[Tensor]:
-        """``(S_f, dim)`` activations of every feature, flat in feature order."""
-        states = [self._state(t) for t in self._tables]
+    def _lookup(self, batches: list[FeatureBatch], out: Tensor | None = None) -> list[Tensor]:
+        """``(S_f, dim)`` activations of every feature, flat in feature order; with ``out``
+        (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices."""
+        self._wait()
+        slices = None
+        if out is not None:
+            flat_out = out.view(-1, len(batches), out.shape[-1])
+            slices = self._by_table([flat_out[:, f, :] for f in range(len(batches))])
         with torch.no_grad():
-            per_table = ops.lookup(self.backend, states, self._by_table(batches))
-        self.flush()  # pipelined: the previous step's update lands after this step's lookup
+            per_table = ops.lookup(
+                self.backend, self._states(), self._by_table(batches), out=slices
+            )
+        # pipelined: the previous step's update lands after this step's lookup; on the CPU it
+        # runs in the background while the caller computes on these activations
+        if self._deferred is not None and self.device.type == "cpu":
+            deferred, self._deferred = self._deferred, None
+            self._inflight = _update_thread.submit(self._apply_update, *deferred)
+        else:
+            self.flush()
         out: list[Tensor | None] = [None] * len(batches)
         for t, acts in zip(self._tables, per_table, strict=True):
             for i, act in zip(t.features, acts, strict=True):
@@ -383,15 +443,22 @@ class EmbeddingEngine(nn.Module):
         grad = grad.reshape(batch.num_samples, dim)
         return grad
 
-    def _update(self, batches: list[FeatureBatch], grads: list[Tensor]) -> None:
+    def _update(
+        self, batches: list[FeatureBatch], grads: list[Tensor], whole: Tensor | None = None
+    ) -> None:
         """Apply one optimizer step to every table (gradients already checked); pipelined,
         keep it until after the next lookup. The learning rates are read now, with the step's
-        gradients (SPEC 3.13)."""
-        bad = [
-            f"'{f.name}' (table '{self._tables[f.table].name}')"
-            for f, g in zip(self._features, grads, strict=True)
-            if not _all_finite(g)
-        ]
+        gradients (SPEC 3.13). ``whole``, when given, holds every gradient (a stacked one):
+        it is checked for NaN and Inf in one contiguous pass, the features only if it fails."""
+        bad = []
+        if whole is None or ops.non_finite(self.backend, [whole])[0]:
+            bad = [
+                f"'{f.name}' (table '{self._tables[f.table].name}')"
+                for f, nonfinite in zip(
+                    self._features, ops.non_finite(self.backend, grads), strict=True
+                )
+                if nonfinite
+            ]
         if bad:
             if self.non_finite_gradients == "raise":
                 raise ValueError(
@@ -402,17 +469,19 @@ class EmbeddingEngine(nn.Module):
             return
         rates = self._learning_rates()
         if self.pipelined:
-            self.flush()
-            self._deferred = (batches, grads, rates)
+            if self._deferred is not None:  # two updates with no lookup between them
+                self.flush()
+            self._deferred = (batches, grads, rates)  # a background update may still run
         else:
-            self._apply(batches, grads, rates)
+            self._apply_update(batches, grads, rates)
 
-    def _apply(self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]) -> None:
-        states = [self._state(t) for t in self._tables]
+    def _apply_update(
+        self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]
+    ) -> None:
         with torch.no_grad():
             ops.update(
                 self.backend,
-                states,
+                self._states(),
                 self._by_table(batches),
                 self._by_table(grads),
                 rates,
@@ -420,11 +489,18 @@ class EmbeddingEngine(nn.Module):
             )
             self._step += 1
 
+    def _wait(self) -> None:
+        """Join a pipelined update running in the background (re-raising its error)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
     def flush(self) -> None:
         """Apply a pipelined update still waiting for the next lookup (no-op otherwise)."""
+        self._wait()
         if self._deferred is not None:
             deferred, self._deferred = self._deferred, None
-            self._apply(*deferred)
+            self._apply_update(*deferred)
 
     def write_statistics(self) -> list[str]:
         """Write the lookup statistics collected so far (``profile_data_directory``)."""
@@ -531,13 +607,52 @@ class EmbeddingEngine(nn.Module):
         ``torch.no_grad()``, or with lookup-only tables, this is a plain lookup.
         """
         batches = self._batches(features, weights)
-        trains = (
-            self.training
-            and torch.is_grad_enabled()
-            and all(t.optimizer is not None for t in self._tables)
-        )
-        if not trains:
+        if not self._trains():
             return self._pack(self._lookup(batches), batches)
         anchor = torch.zeros(0, requires_grad=True)
         flat = LookupWithUpdate.apply(anchor, self, batches)
         return self._pack(list(flat), batches)
+
+    def _trains(self) -> bool:
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and all(t.optimizer is not None for t in self._tables)
+        )
+
+    def stacked(self, features: Any, weights: Any = None) -> Tensor:
+        """Look up a batch into one tensor: feature ``f``'s activation at ``[..., f, :]``.
+
+        Where every feature has the same output shape and dim (a DLRM's categorical fields),
+        this is ``torch.stack(list_of_activations, dim=-2)`` without the copy, forward or
+        backward: the kernels write each feature's rows straight into their slice, and the
+        backward reads the gradient's slices in place. Training works as in :meth:`forward`.
+
+        Args:
+            features, weights: as :meth:`forward` (or a :class:`PreparedBatch`).
+
+        Returns:
+            ``(*output_shape, F, dim) float32``, features in :attr:`feature_names` order;
+            ``(B, F, dim)`` for pooled features.
+
+        Raises:
+            ValueError: the features differ in output shape or dim (naming them).
+        """
+        batches = self._batches(features, weights)
+        first = self._features[0]
+        shape, dim = batches[0].output_shape, self._tables[first.table].dim
+        for f, b in zip(self._features, batches, strict=True):
+            if b.output_shape != shape or self._tables[f.table].dim != dim:
+                raise ValueError(
+                    f"EmbeddingEngine.stacked: feature '{f.name}' has output shape "
+                    f"{b.output_shape} and dim {self._tables[f.table].dim}, but feature "
+                    f"'{first.name}' has {shape} and {dim}; stacked() needs every feature to "
+                    "share both (use forward() for mixed features)"
+                )
+        shape = (*shape, len(batches), dim)
+        if not self._trains():
+            out = torch.empty(shape, dtype=torch.float32, device=self.device)
+            self._lookup(batches, out=out)
+            return out
+        anchor = torch.zeros(0, requires_grad=True)
+        return StackedLookupWithUpdate.apply(anchor, self, batches, shape)

@@ -1,10 +1,11 @@
 """Table initialization, deterministic and independent of sharding (SPEC pitfall 27).
 
 The default initializer is a truncated normal with mean 0 and std ``1/sqrt(dim)``, cut at two
-standard deviations. Rows are drawn in fixed blocks of :data:`BLOCK_ROWS`, each block from its own
-generator seeded by ``(seed, table name, block index)``, so that any shard can produce exactly
-its rows of the full table without drawing the rest, whatever the world size or the order of
-tables.
+standard deviations. Rows are drawn in fixed blocks of :data:`BLOCK_ROWS` (the last block of a
+table holds only the rows left, so a small table draws only its own rows), each block from its
+own generator seeded by ``(seed, table name, block index)``, so that any shard can produce
+exactly its rows of the full table without drawing the rest, whatever the world size or the
+order of tables.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ def _block_seed(seed: int, table: str, block: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def _truncated_normal_rows(seed: int, table: str, dim: int, start: int, stop: int) -> Tensor:
+def _truncated_normal_rows(
+    seed: int, table: str, vocabulary_size: int, dim: int, start: int, stop: int
+) -> Tensor:
     out = torch.empty(stop - start, dim, dtype=torch.float32)
     std = 1.0 / math.sqrt(dim)
     first, last = start // BLOCK_ROWS, (stop - 1) // BLOCK_ROWS if stop > start else -1
     gen = torch.Generator()
     for block in range(first, last + 1):
-        lo, hi = block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS
-        rows = torch.empty(BLOCK_ROWS, dim, dtype=torch.float32)
+        lo, hi = block * BLOCK_ROWS, min((block + 1) * BLOCK_ROWS, vocabulary_size)
+        rows = torch.empty(hi - lo, dim, dtype=torch.float32)
         gen.manual_seed(_block_seed(seed, table, block))
         torch.nn.init.trunc_normal_(rows, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=gen)
         a, b = max(lo, start), min(hi, stop)
@@ -72,7 +75,7 @@ def initial_rows(
     """
     stop = vocabulary_size if stop is None else stop
     if initializer is None:
-        return _truncated_normal_rows(seed, table, dim, start, stop)
+        return _truncated_normal_rows(seed, table, vocabulary_size, dim, start, stop)
     value = initializer((vocabulary_size, dim), **_dtype_kwarg(initializer))
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(value)

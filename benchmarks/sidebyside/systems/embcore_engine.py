@@ -1,4 +1,11 @@
-"""embcore: one ``EmbeddingEngine``, one feature per table, the default (fused CPU) backend."""
+"""embcore: one ``EmbeddingEngine``, one feature per table, the default (fused CPU) backend.
+
+Its output is ``engine.stacked(batch)``, the ``(B, T, dim)`` tensor a DLRM interaction takes
+(FBGEMM's natural output is likewise one ``(B, T * dim)`` tensor). The variants
+:mod:`.embcore_dict` (one activation per feature, the TPU API's structure) and
+:mod:`.embcore_pipelined` (``pipeline=True``: one step stale, not the same numerics) are
+reported beside it.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +27,15 @@ def _uniform(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torc
 
 
 class Run:
-    def __init__(self, workload: Workload, optimizer: str, batches: list[Batch]) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        optimizer: str,
+        batches: list[Batch],
+        *,
+        stacked: bool = True,
+        pipeline: bool = False,
+    ) -> None:
         opt: ec.Optimizer
         if optimizer == "adagrad":
             opt = ec.Adagrad(learning_rate=0.01, initial_accumulator_value=0.1)
@@ -37,7 +52,8 @@ class Run:
             for t, v in enumerate(workload.vocab)
         ]
         config = {f"f{t:02d}": ec.FeatureConfig(table=table) for t, table in enumerate(tables)}
-        self.engine = ec.EmbeddingEngine(config, optimizer=opt)
+        self.engine = ec.EmbeddingEngine(config, optimizer=opt, pipeline=pipeline)
+        self.stacked = stacked
         self.backend = self.engine.backend
         one_hot = workload.min_ids == workload.max_ids == 1
         self.inputs = [
@@ -55,8 +71,11 @@ class Run:
         self.projection = projection(workload.dim)
 
     def step(self, i: int) -> None:
-        acts = self.engine(self.inputs[i])
-        loss = sum(((a @ self.projection) ** 2).sum() for a in acts.values())
+        if self.stacked:
+            loss = ((self.engine.stacked(self.inputs[i]) @ self.projection) ** 2).sum()
+        else:
+            acts = self.engine(self.inputs[i])
+            loss = sum(((a @ self.projection) ** 2).sum() for a in acts.values())
         loss.backward()  # type: ignore[union-attr]
 
 

@@ -41,8 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from embcore.ops.cpu.malloc import keep_freed_memory
     from embcore.train.config import load_config
     from embcore.train.loop import train
+
+    keep_freed_memory()  # reuse each step's freed batch-sized blocks (docs/cpu_backend.md)
 
     try:
         config = load_config(args.config, args.overrides)

@@ -5,6 +5,9 @@ interaction, and a top MLP that outputs one click logit per row::
                                            +--interaction--> (B, k) --top MLP--> (B,) logits
     sparse (B, 26) --engine--> (B, 26, d) -+
 
+The engine writes the ``(B, 26, d)`` tensor directly (``EmbeddingEngine.stacked``, no copy),
+its features in the engine's order (``engine.feature_names``: sorted names).
+
 The engine holds the tables as buffers and trains them with its own optimizer inside
 ``loss.backward()``; ``model.parameters()`` are only the dense weights, for a torch optimizer.
 """
@@ -14,7 +17,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor, nn
 
 import embcore as ec
@@ -89,6 +91,5 @@ class DLRM(nn.Module):
         """
         x = self.bottom(dense)  # (B, d)
         ids = sparse if isinstance(sparse, ec.PreparedBatch) else self.features(sparse)
-        acts = self.engine(ids)  # {name: (B, d)}
-        emb = torch.stack([acts[name] for name in self.sparse_names], dim=1)  # (B, F, d)
+        emb = self.engine.stacked(ids)  # (B, F, d), features in engine.feature_names order
         return self.top(self.interaction(x, emb)).squeeze(1)

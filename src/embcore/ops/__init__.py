@@ -8,6 +8,11 @@ tables in one pass. A backend module defines:
   activation per feature of that table;
 * ``update(states, features, grads, lrs, step) -> None``: one optimizer step per table, in
   place;
+* optionally ``non_finite(tensors) -> list[bool]``: which tensors hold a NaN or an Inf (the
+  reference's is used when a backend has none);
+* optionally ``LOOKUP_WRITES_OUT = True``, when its ``lookup`` takes ``out=`` (preallocated
+  outputs, e.g. the slices of one stacked tensor) and writes into it; otherwise the dispatch
+  copies;
 
 with the argument meanings of :mod:`embcore.ops.reference`, which is the readable yardstick
 every backend is tested against.
@@ -26,12 +31,21 @@ from torch import Tensor
 from embcore.inputs import FeatureBatch
 from embcore.ops.state import TableState
 
-__all__ = ["BACKENDS", "TableState", "default_backend", "get_backend", "lookup", "update"]
+__all__ = [
+    "BACKENDS",
+    "TableState",
+    "default_backend",
+    "get_backend",
+    "lookup",
+    "non_finite",
+    "update",
+]
 
 #: Backend name -> module path, imported lazily so optional dependencies stay optional.
 BACKENDS: dict[str, str] = {
     "reference": "embcore.ops.reference",
     "cpu": "embcore.ops.cpu",
+    "triton": "embcore.ops.triton",
 }
 
 
@@ -54,19 +68,50 @@ def _cpu_backend_loads() -> bool:
     return True
 
 
+@functools.cache
+def _triton_loads() -> bool:
+    """Whether Triton (an optional dependency, ``pip install embcore[gpu]``) imports."""
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
 def default_backend(device: torch.device) -> str:
     """The backend ``"auto"`` picks for tables on ``device``: the fused ``"cpu"`` backend on
-    the CPU when Numba is installed, else ``"reference"``."""
-    if torch.device(device).type == "cpu" and _cpu_backend_loads():
+    the CPU when Numba is installed, the fused ``"triton"`` backend on CUDA devices when Triton
+    is installed, else ``"reference"``."""
+    kind = torch.device(device).type
+    if kind == "cpu" and _cpu_backend_loads():
         return "cpu"
+    if kind == "cuda" and _triton_loads():
+        return "triton"
     return "reference"
 
 
 def lookup(
-    backend: str, states: Sequence[TableState], features: Sequence[Sequence[FeatureBatch]]
+    backend: str,
+    states: Sequence[TableState],
+    features: Sequence[Sequence[FeatureBatch]],
+    out: Sequence[Sequence[Tensor]] | None = None,
 ) -> list[list[Tensor]]:
-    """Pooled or sequence lookups of every feature of every table."""
-    return get_backend(backend).lookup(states, features)
+    """Pooled or sequence lookups of every feature of every table.
+
+    Args:
+        out: optional ``(S_f, dim) float32`` tensors, per table per feature, to write the
+            activations into (their rows may be strided: slices of a stacked output); they
+            are returned.
+    """
+    module = get_backend(backend)
+    if out is None:
+        return module.lookup(states, features)
+    if getattr(module, "LOOKUP_WRITES_OUT", False):
+        return module.lookup(states, features, out=out)
+    for dests, acts in zip(out, module.lookup(states, features), strict=True):
+        for dest, act in zip(dests, acts, strict=True):
+            dest.copy_(act)
+    return [list(dests) for dests in out]
 
 
 def update(
@@ -79,3 +124,12 @@ def update(
 ) -> None:
     """One optimizer step for every table, on the rows its features touched (in place)."""
     get_backend(backend).update(states, features, grads, lrs, step)
+
+
+def non_finite(backend: str, tensors: Sequence[Tensor]) -> list[bool]:
+    """For each tensor, whether it holds a NaN or an Inf."""
+    module = get_backend(backend)
+    check = getattr(module, "non_finite", None)
+    if check is None:
+        check = get_backend("reference").non_finite
+    return check(tensors)

@@ -11,6 +11,7 @@ row (every row for non-lazy optimizers). Rows nobody touched are not written.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -19,7 +20,7 @@ from torch import Tensor
 from embcore.inputs import FeatureBatch
 from embcore.ops.state import TableState
 
-__all__ = ["gains", "lookup", "lookup_table", "update", "update_table"]
+__all__ = ["gains", "lookup", "lookup_table", "non_finite", "update", "update_table"]
 
 
 def gains(batch: FeatureBatch) -> Tensor:
@@ -37,6 +38,18 @@ def gains(batch: FeatureBatch) -> Tensor:
         denom = torch.sqrt(denom)
     scale = torch.where(denom == 0, torch.zeros_like(denom), 1.0 / denom)
     return w * scale[seg]
+
+
+def non_finite(tensors: Sequence[Tensor]) -> list[bool]:
+    """For each tensor, whether it holds a NaN or an Inf (``aminmax`` propagates both)."""
+    flags = []
+    for t in tensors:
+        if t.numel() == 0:
+            flags.append(False)
+            continue
+        lo, hi = torch.aminmax(t)
+        flags.append(not (math.isfinite(float(lo)) and math.isfinite(float(hi))))
+    return flags
 
 
 def lookup_table(state: TableState, features: Sequence[FeatureBatch]) -> list[Tensor]:

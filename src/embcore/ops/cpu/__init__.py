@@ -26,13 +26,14 @@ import torch
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
-from embcore.ops.cpu import dedup, gather, threads
+from embcore.ops import reference
+from embcore.ops.cpu import dedup, finite, gather, threads
 from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_table, table_table
 from embcore.ops.cpu.rules import RULES
 from embcore.ops.cpu.rules._rows import common_row, float32_rows
 from embcore.ops.state import TableState
 
-__all__ = ["lookup", "update"]
+__all__ = ["lookup", "non_finite", "update"]
 
 
 def _raise_bad_ids(
@@ -51,14 +52,29 @@ def _raise_bad_ids(
     raise IndexError(f"embcore.ops.{op}: an id is out of range")  # unreachable in practice
 
 
+#: ``lookup`` writes into caller-provided outputs (see :func:`embcore.ops.lookup`)
+LOOKUP_WRITES_OUT = True
+
+
 def lookup(
-    states: Sequence[TableState], features: Sequence[Sequence[FeatureBatch]]
+    states: Sequence[TableState],
+    features: Sequence[Sequence[FeatureBatch]],
+    out: Sequence[Sequence[Tensor]] | None = None,
 ) -> list[list[Tensor]]:
-    """Every table's lookups: for table ``t``, one ``(S_f, dim)`` activation per feature."""
-    outs = [
-        [torch.empty(b.num_samples, s.weight.shape[1], dtype=torch.float32) for b in batches]
-        for s, batches in zip(states, features, strict=True)
-    ]
+    """Every table's lookups: for table ``t``, one ``(S_f, dim)`` activation per feature,
+    written into ``out`` when given (rows may be strided; columns must be contiguous)."""
+    outs = out
+    if outs is None:
+        outs = [
+            [torch.empty(b.num_samples, s.weight.shape[1], dtype=torch.float32) for b in batches]
+            for s, batches in zip(states, features, strict=True)
+        ]
+    for row in (r for rows in outs for r in rows):
+        if row.dim() != 2 or (row.shape[1] > 1 and row.stride(1) != 1):
+            raise NotImplementedError(
+                "embcore.ops.lookup: backend 'cpu' writes outputs whose columns are contiguous; "
+                f"got shape {tuple(row.shape)}, stride {row.stride()}"
+            )
     keep: list[Tensor] = []
     tables = table_table("lookup", states, with_positions=False)
     feats, _ = feature_table("lookup", features, outs, keep)
@@ -66,6 +82,39 @@ def lookup(
     if sum(threads.run(gather.pooled_lookup, tables, feats, workers=workers)):
         _raise_bad_ids("lookup", states, features)
     return outs
+
+
+def _as_rows(t: Tensor) -> tuple[int, int, int, int] | None:
+    """``(address, rows, columns, row stride)`` of a CPU float32 tensor whose elements are
+    rows of contiguous columns (contiguous, or a slice of a stacked output), else ``None``."""
+    if not t.is_cpu or t.dtype != torch.float32 or t.numel() == 0:
+        return None
+    if t.is_contiguous():
+        return t.data_ptr(), 1, t.numel(), 0
+    if t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= t.shape[1]:
+        return t.data_ptr(), t.shape[0], t.shape[1], t.stride(0)
+    return None
+
+
+def non_finite(tensors: Sequence[Tensor]) -> list[bool]:
+    """For each tensor, whether it holds a NaN or an Inf (one threaded pass over them all)."""
+    flags = [False] * len(tensors)
+    fast, rows = [], []
+    for i, t in enumerate(tensors):
+        if (described := _as_rows(t)) is not None:
+            fast.append(i)
+            rows.append(described)
+        elif t.numel():
+            flags[i] = reference.non_finite([t])[0]
+    if fast:
+        table = np.array(rows, dtype=np.int64)
+        found = np.zeros(len(fast), dtype=np.int64)
+        elements = int((table[:, 1] * table[:, 2]).sum())
+        workers = min(len(fast), threads.num_workers(elements // 64))
+        threads.run(finite.non_finite_flags, table, found, workers=workers)
+        for i, bad in zip(fast, found.tolist(), strict=True):
+            flags[i] = bool(bad)
+    return flags
 
 
 _workspace_lock = threading.Lock()

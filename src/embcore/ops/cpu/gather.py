@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from embcore.ops.cpu._address import f32_matrix, i64_vector, prefetch_row
+from embcore.ops.cpu._address import f32_matrix, f32_vector, i64_vector, prefetch_row
 from embcore.ops.cpu.combine import chunk_starts, gain, sample_scale, which_chunk
 from embcore.ops.cpu.layout import (
     F_COMBINER,
@@ -17,6 +17,7 @@ from embcore.ops.cpu.layout import (
     F_OFFSETS,
     F_ROWS,
     F_SAMPLES,
+    F_STRIDE,
     F_TABLE,
     F_VALUES,
     F_WEIGHTS,
@@ -30,6 +31,8 @@ __all__ = ["SAMPLES_PER_CHUNK", "pooled_lookup"]
 SAMPLES_PER_CHUNK = 128
 #: how many ids ahead rows are prefetched
 PREFETCH_IDS = 8
+#: how many samples ahead a strided output row is prefetched
+PREFETCH_SAMPLES = 4
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -39,16 +42,29 @@ def pooled_lookup(tables, features, worker, workers):  # type: ignore[no-untyped
     Args:
         tables: ``(T, TABLE_COLUMNS) int64`` descriptors.
         features: ``(F, FEATURE_COLUMNS) int64`` descriptors; ``F_ROWS`` is the ``(S, dim)``
-            output.
+            output, whose rows are ``F_STRIDE`` floats apart (``dim`` when contiguous; more
+            for the features of a stacked ``(S, F, dim)`` output).
         worker, workers: this call handles chunks ``worker, worker + workers, ...``.
 
     Returns:
         The number of ids outside ``[0, vocab)`` (skipped; the caller raises).
     """
     starts = chunk_starts(features[:, F_SAMPLES], SAMPLES_PER_CHUNK)
+    count = features.shape[0]
+    # With equal sample counts, chunk c is sample chunk c // count of feature c % count: the
+    # features of one block of samples are written together, which keeps the writes of a
+    # stacked output (rows count * dim floats apart) within a few pages at a time.
+    interleave = count > 1
+    for f in range(1, count):
+        interleave = interleave and features[f, F_SAMPLES] == features[0, F_SAMPLES]
     bad = 0
     for c in range(worker, starts[-1], workers):
-        f = which_chunk(starts, c)
+        if interleave:
+            f = c % count
+            first = (c // count) * SAMPLES_PER_CHUNK
+        else:
+            f = which_chunk(starts, c)
+            first = (c - starts[f]) * SAMPLES_PER_CHUNK
         feat = features[f]
         tab = tables[feat[F_TABLE]]
         vocab, dim = tab[T_VOCAB], tab[T_DIM]
@@ -56,12 +72,16 @@ def pooled_lookup(tables, features, worker, workers):  # type: ignore[no-untyped
         samples, combiner, weights = feat[F_SAMPLES], feat[F_COMBINER], feat[F_WEIGHTS]
         values = i64_vector(feat[F_VALUES], feat[F_IDS])
         offsets = i64_vector(feat[F_OFFSETS], samples + 1)
-        out = f32_matrix(feat[F_ROWS], samples, dim)
+        out_rows, stride = feat[F_ROWS], feat[F_STRIDE]
         row_bytes, ids = dim * 4, feat[F_IDS]
-        first = (c - starts[f]) * SAMPLES_PER_CHUNK
-        for s in range(first, min(first + SAMPLES_PER_CHUNK, samples)):
+        last = min(first + SAMPLES_PER_CHUNK, samples)
+        for s in range(first, last):
             lo, hi = offsets[s], offsets[s + 1]
-            row = out[s]
+            row = f32_vector(out_rows + 4 * stride * s, dim)
+            if stride != dim and s + PREFETCH_SAMPLES < last:
+                # rows of a stacked output lie F * dim floats apart, beyond the reach of the
+                # hardware prefetcher: fetch the lines this sample will write, a few ahead
+                prefetch_row(out_rows + 4 * stride * (s + PREFETCH_SAMPLES), 0, row_bytes)
             for j in range(lo + PREFETCH_IDS, min(hi + PREFETCH_IDS, ids)):
                 r = values[j]
                 if 0 <= r < vocab:

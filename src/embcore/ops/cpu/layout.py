@@ -81,35 +81,54 @@ def _slot_names(optimizer: Optimizer) -> tuple[str, ...]:
     return tuple(spec.name for spec in optimizer.slot_specs())
 
 
+# (state, with_positions) -> (addresses, descriptor row), built and checked once: a TableState
+# is frozen, so its tensors stay the same objects; their addresses are rechecked every step
+# (``share_memory_()`` moves a tensor's storage in place)
+_TABLE_ROWS: dict[bool, weakref.WeakKeyDictionary] = {
+    False: weakref.WeakKeyDictionary(),
+    True: weakref.WeakKeyDictionary(),
+}
+
+
 def table_table(op: str, states: Sequence[TableState], with_positions: bool) -> np.ndarray:
     """``(T, TABLE_COLUMNS) int64`` descriptors; slot ``k`` is the optimizer's k-th slot."""
-    rows = np.zeros((len(states), TABLE_COLUMNS), dtype=np.int64)
+    rows = np.empty((len(states), TABLE_COLUMNS), dtype=np.int64)
+    cache = _TABLE_ROWS[with_positions]
     for t, state in enumerate(states):
-        w = state.weight
-        _check_tensor(op, f"table '{state.name}' weight", w, torch.float32)
-        if w.dim() != 2 or not w.is_contiguous():
-            raise NotImplementedError(
-                f"embcore.ops.{op}: backend {_BACKEND!r} needs a contiguous (vocab, dim) weight; "
-                f"table '{state.name}' has shape {tuple(w.shape)}, stride {w.stride()}"
-            )
-        prefer_huge_pages(w)
-        row = rows[t]
-        row[T_WEIGHT], row[T_VOCAB], row[T_DIM] = w.data_ptr(), w.shape[0], w.shape[1]
-        if with_positions:
-            row[T_POSITIONS] = positions(w).ctypes.data
-            for k, name in enumerate(_slot_names(state.optimizer)):
-                slot = state.slots[name]
-                _check_tensor(op, f"table '{state.name}' slot '{name}'", slot, torch.float32)
-                if not slot.is_contiguous() or slot.shape[0] != w.shape[0]:
-                    raise NotImplementedError(
-                        f"embcore.ops.{op}: backend {_BACKEND!r} needs contiguous slots of "
-                        f"{w.shape[0]} rows; table '{state.name}' slot '{name}' has shape "
-                        f"{tuple(slot.shape)}"
-                    )
-                prefer_huge_pages(slot)
-                row[T_SLOT0 + 2 * k] = slot.data_ptr()
-                row[T_WIDTH0 + 2 * k] = 1 if slot.dim() == 1 else slot.shape[1]
+        addresses = (state.weight.data_ptr(), *(s.data_ptr() for s in state.slots.values()))
+        entry = cache.get(state)
+        if entry is None or entry[0] != addresses:
+            entry = cache[state] = (addresses, _table_row(op, state, with_positions))
+        rows[t] = entry[1]
     return rows
+
+
+def _table_row(op: str, state: TableState, with_positions: bool) -> np.ndarray:
+    row = np.zeros(TABLE_COLUMNS, dtype=np.int64)
+    w = state.weight
+    _check_tensor(op, f"table '{state.name}' weight", w, torch.float32)
+    if w.dim() != 2 or not w.is_contiguous():
+        raise NotImplementedError(
+            f"embcore.ops.{op}: backend {_BACKEND!r} needs a contiguous (vocab, dim) weight; "
+            f"table '{state.name}' has shape {tuple(w.shape)}, stride {w.stride()}"
+        )
+    prefer_huge_pages(w)
+    row[T_WEIGHT], row[T_VOCAB], row[T_DIM] = w.data_ptr(), w.shape[0], w.shape[1]
+    if with_positions:
+        row[T_POSITIONS] = positions(w).ctypes.data
+        for k, name in enumerate(_slot_names(state.optimizer)):
+            slot = state.slots[name]
+            _check_tensor(op, f"table '{state.name}' slot '{name}'", slot, torch.float32)
+            if not slot.is_contiguous() or slot.shape[0] != w.shape[0]:
+                raise NotImplementedError(
+                    f"embcore.ops.{op}: backend {_BACKEND!r} needs contiguous slots of "
+                    f"{w.shape[0]} rows; table '{state.name}' slot '{name}' has shape "
+                    f"{tuple(slot.shape)}"
+                )
+            prefer_huge_pages(slot)
+            row[T_SLOT0 + 2 * k] = slot.data_ptr()
+            row[T_WIDTH0 + 2 * k] = 1 if slot.dim() == 1 else slot.shape[1]
+    return row
 
 
 def feature_table(
