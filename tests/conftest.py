@@ -1,12 +1,22 @@
-"""Shared test set-up: every test starts from the same seeds; warnings are errors (pyproject)."""
+"""Shared test set-up: every test starts from the same seeds; warnings are errors (pyproject).
+
+Without CUDA, Triton's kernels run in its interpreter on CPU tensors (``TRITON_INTERPRET=1``,
+read when triton is first imported, so set here before any test module imports it): the
+``triton`` backend then joins every backend-parametrized conformance test
+(``engine_cases.BACKENDS``) as well as its own (tests/ops/test_triton_interpreter.py).
+"""
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ for the full workloads, regenerates the project's ``BENCHMARKS.md``::
     embcore bench                       # W1 + W2, writes BENCHMARKS.md
     embcore bench --repeats 2           # the whole suite twice; medians over runs
     embcore bench --quick               # CI size, no BENCHMARKS.md
+    embcore bench --device cuda         # GPU mode: W1/W2 at batch 65,536, kernel bandwidth
 
 The harness lives in the repository's ``benchmarks/sidebyside`` (benchmarks are not part of
 the installed package), so the command needs a source checkout.
@@ -63,6 +64,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="BENCHMARKS.md to regenerate (default: the repository's, full runs only)",
     )
     p.add_argument("--no-markdown", action="store_true", help="do not write BENCHMARKS.md")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), or cuda for the GPU mode (benchmarks/sidebyside/gpu.py; writes "
+        "only --out)",
+    )
+    p.add_argument(
+        "--storage-dtype",
+        default="float32",
+        choices=["float32", "float16", "bfloat16"],
+        help="GPU mode: embcore's table storage dtype",
+    )
     p.set_defaults(func=run)
 
 
@@ -79,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(root))
     import sidebyside
 
+    if args.device != "cpu":
+        return _run_gpu(args)
     workloads = args.workloads or (["W1-quick", "W2-quick"] if args.quick else ["W1", "W2"])
     options = sidebyside.Options(
         workloads=workloads,
@@ -102,5 +117,32 @@ def run(args: argparse.Namespace) -> int:
         command = "embcore bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else [])
         markdown.write_text(sidebyside.benchmarks_md(results, command.strip()))
         print(f"wrote {markdown}")
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
+    return 0
+
+
+def _run_gpu(args: argparse.Namespace) -> int:
+    """The GPU mode: results.json and results.md in ``--out`` (BENCHMARKS.md is edited by
+    hand from them)."""
+    import json
+
+    import torch
+    from sidebyside import gpu
+
+    quick = ["W1-gpu-quick", "W2-gpu-quick"]
+    results = gpu.run(
+        args.workloads or (quick if args.quick else ["W1-gpu", "W2-gpu"]),
+        device=args.device,
+        storage_dtype=getattr(torch, args.storage_dtype),
+        warmup=args.warmup,
+        steps=args.steps,
+        copy_megabytes=32 if args.quick else 1024,
+        log=lambda line: print(line, flush=True),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    table = gpu.markdown(results)
+    (args.out / "results.md").write_text(table)
+    print(table)
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0

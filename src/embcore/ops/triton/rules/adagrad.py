@@ -1,0 +1,43 @@
+"""Adagrad's row rule, element-wise, no epsilon (SPEC 3.3)::
+
+acc <- acc + g^2
+w   <- w - lr * g / sqrt(acc)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from embcore.ops.state import TableState
+from embcore.ops.triton.backward import RowPlan
+from embcore.ops.triton.rules._common import begin, finish, launch, locate
+
+__all__ = ["update"]
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _kernel(
+    table, grad, sorted_ids, order, ends, gains, bags, heads, dim, lr, seed,
+    g_min, g_max, decay, w_min, w_max,
+    accumulators,  # (vocab, dim) float32
+    LAZY: tl.constexpr, STORAGE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    CLIP_G: tl.constexpr, DECAY: tl.constexpr, CLIP_W: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
+    row, active, first, stop = locate(sorted_ids, ends, heads, LAZY)
+    if active:
+        offs, mask, g, w = begin(
+            table, grad, order, bags, gains, row, first, stop, dim, g_min, g_max, decay,
+            CLIP_G, DECAY, BLOCK_D, BLOCK_L,
+        )  # fmt: skip
+        acc = tl.load(accumulators + offs, mask=mask, other=1.0) + g * g
+        w = w - tl.div_rn(lr * g, tl.sqrt_rn(acc))
+        tl.store(accumulators + offs, acc, mask=mask)
+        finish(table, offs, mask, w, w_min, w_max, seed, CLIP_W, STORAGE, STOCHASTIC)
+
+
+def update(state: TableState, plan: RowPlan, grad: Tensor, lr: float, step: int) -> None:
+    """One Adagrad step on the table's unique rows (in place)."""
+    launch(_kernel, state, plan, grad, lr, step, {"accumulators": state.slots["accumulators"]})
