@@ -12,6 +12,13 @@ Wire format from one rank to another::
 
 Piece dtypes and trailing shapes are implied by the protocol, which both sides run in lockstep.
 Without an initialized process group (world size 1) nothing is communicated.
+
+Faults: a collective that fails (a peer process died or closed the group, or the group's
+timeout passed while a peer stayed away) raises :class:`CommError` on this rank, naming the
+collective, instead of the backend's bare message. How soon depends on the backend: gloo
+notices a dead peer's closed connection at once; a peer that is alive but never arrives is
+noticed after the process group's ``timeout`` (``init_process_group(timeout=...)``: gloo's
+default is 30 minutes; pick minutes for training jobs). See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Comm", "CommStats", "Exchange", "Inbox", "Reducer"]
+__all__ = ["Comm", "CommError", "CommStats", "Exchange", "Inbox", "Reducer"]
 
 _ALIGN = 8
 
@@ -36,6 +43,12 @@ def _bytes(t: Tensor) -> Tensor:
 
 def _padded(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class CommError(RuntimeError):
+    """A collective failed on this rank because another rank died, left the process group or
+    did not arrive within the group's timeout. The group is unusable afterwards: end the
+    process and restart the job from its last checkpoint."""
 
 
 @dataclass
@@ -78,16 +91,38 @@ class Comm:
         return Reducer(self)
 
     # ------------------------------------------------------------------ primitives
+    def failed(self, what: str, error: BaseException) -> CommError:
+        """The error to raise when a collective of ``what`` raised ``error`` on this rank."""
+        text = str(error).strip()
+        cause = text.splitlines()[0][:300] if text else repr(error)
+        return CommError(
+            f"{what} failed on rank {self.rank} of {self.world}: another rank died, left the "
+            "process group, or did not arrive within the group's timeout "
+            "(init_process_group(timeout=...)). End this process and resume from the last "
+            f"checkpoint. Backend error: {cause}"
+        )
+
+    def _failed(self, op: str, error: BaseException) -> CommError:
+        return self.failed(
+            f"embcore.sharding: {op} (collective #{self.stats.collectives + 1})", error
+        )
+
     def all_to_all(self, send: Tensor, send_splits: list[int], recv_splits: list[int]) -> Tensor:
         recv = send.new_empty(sum(recv_splits))
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+        try:
+            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+        except RuntimeError as error:  # DistBackendError and the backends' errors
+            raise self._failed("all_to_all", error) from error
         self.stats.collectives += 1
         return recv
 
     def all_reduce_sum(self, t: Tensor) -> None:
         if self.world == 1:
             return
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        except RuntimeError as error:
+            raise self._failed("all_reduce", error) from error
         ring = 2 * (self.world - 1) * t.numel() * t.element_size() // self.world
         self.stats.bytes_sent += ring
         self.stats.bytes_received += ring
@@ -99,7 +134,10 @@ class Comm:
         if self.world == 1:
             return [values]
         out = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(out, mine, group=self.group)
+        try:
+            dist.all_gather(out, mine, group=self.group)
+        except RuntimeError as error:
+            raise self._failed("all_gather", error) from error
         self.stats.collectives += 1
         return [o.tolist() for o in out]
 
