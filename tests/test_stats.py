@@ -69,11 +69,36 @@ def test_sketch_keeps_heavy_hitters_within_its_error_bound(tmp_path):
         assert exact[i] - bound <= est <= exact[i]
 
 
-def test_shard_load_uses_the_map(tmp_path):
-    table = StatsTable("t", 10, 4, 1, shard_of=lambda ids: ids % 3, num_shards=3)
+def test_shard_load_uses_the_load_function(tmp_path):
+    table = StatsTable(
+        "t", 10, 4, 1, load_of=lambda ids: np.bincount(ids % 3, minlength=3), num_shards=3
+    )
     collector = StatsCollector(tmp_path, [table], sample_rate=1.0)
     collector.observe([[ragged_batch([[0, 1, 2], [3, 4], [9]])]])
     assert collector.stats[0].shard_load == [3, 2, 1]
+
+
+def test_flush_adds_other_ranks_and_only_the_writer_writes(tmp_path):
+    def table(rank: int) -> StatsTable:  # a replicated table: each rank serves its own ids
+        return StatsTable(
+            "t", 10, 4, 1, load_of=lambda ids: np.eye(2, dtype=np.int64)[rank] * ids.size,
+            num_shards=2, strategy="data_parallel on all",
+        )  # fmt: skip
+
+    ranks = [StatsCollector(tmp_path, [table(r)], sample_rate=1.0, world_size=2) for r in (0, 1)]
+    ranks[0].observe([[ragged_batch([[1, 2], [2]])]])
+    ranks[1].observe([[ragged_batch([[5], [], [7, 7, 7]])]])
+    gathered = [[TableStats.from_json(s.to_json()) for s in c.stats] for c in ranks]
+    assert ranks[1].flush(others=[gathered[0]], write=False) != []
+    assert list(tmp_path.iterdir()) == []  # a non-writer only resets
+    assert ranks[1].stats[0].batches == 0
+    (path,) = ranks[0].flush(others=[gathered[1]])
+    s = TableStats.from_json(json.loads(path.read_text()))
+    assert (s.batches, s.examples, s.ids, s.shard_load) == (2, 5, 7, [3, 4])
+    assert s.key["sharding_strategy"] == "data_parallel on all" and s.key["world_size"] == 2
+    assert s.hottest(2) == [(7, 3), (2, 2)]
+    regrouped = ranks[0].regrouped([StatsTable("t", 10, 4, 1)], world_size=1)
+    assert regrouped.sample_rate == 1.0 and regrouped.stats[0].key["world_size"] == 1
 
 
 def test_round_trip_and_atomic_keyed_files(tmp_path):

@@ -7,7 +7,8 @@ About 3% of batches are sampled (configurable). For each table, a sampled batch 
 * its id counts to a bounded heavy-hitter sketch (Misra-Gries, mergeable): every id whose true
   count exceeds ``total / (capacity + 1)`` is kept, and each kept count is an underestimate by
   at most that much;
-* its ids per shard under the current sharding (``shard_of``), the load each rank would see.
+* the lookups each rank serves under the current placement (``load_of``; see
+  :mod:`embcore.sharding.load` for what load means per scheme).
 
 Statistics never change numerics. Each table's statistics go to one JSON file, written
 atomically, named by a hash of the table's parameters and of the global configuration
@@ -48,7 +49,8 @@ class TableStats:
         unique_ratio_sum: sum over sampled batches of ``unique ids / ids``.
         sketch: Misra-Gries counters ``{id: count}``, at most ``capacity`` entries.
         sketch_total: ids the sketch has seen (its error bound is ``total / (capacity + 1)``).
-        shard_load: ids per shard, summed over sampled batches.
+        shard_load: lookups each rank served (one entry per rank; a single entry for the
+            unsharded engine), summed over sampled batches.
     """
 
     table: str
@@ -94,11 +96,8 @@ class TableStats:
     # ------------------------------------------------------------------ updates
     def add_counts(self, ids: np.ndarray, counts: np.ndarray) -> None:
         """Merge a batch's exact id counts into the Misra-Gries sketch."""
-        merged = dict(self.sketch)
-        for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
-            merged[i] = merged.get(i, 0) + c
         self.sketch_total += int(counts.sum())
-        self.sketch = _truncate(merged, self.capacity)
+        self.sketch = _merged_sketch(self.sketch, ids, counts, self.capacity)
 
     def merge(self, other: TableStats) -> None:
         """Add another run's statistics (same key) into this one."""
@@ -109,11 +108,13 @@ class TableStats:
         self.ids += other.ids
         self.ids_per_example = self.ids_per_example + other.ids_per_example
         self.unique_ratio_sum += other.unique_ratio_sum
-        merged = dict(self.sketch)
-        for i, c in other.sketch.items():
-            merged[i] = merged.get(i, 0) + c
         self.capacity = min(self.capacity, other.capacity)
-        self.sketch = _truncate(merged, self.capacity)
+        self.sketch = _merged_sketch(
+            self.sketch,
+            np.fromiter(other.sketch.keys(), dtype=np.int64, count=len(other.sketch)),
+            np.fromiter(other.sketch.values(), dtype=np.int64, count=len(other.sketch)),
+            self.capacity,
+        )
         self.sketch_total += other.sketch_total
         if len(other.shard_load) == len(self.shard_load):
             self.shard_load = [
@@ -169,13 +170,25 @@ class TableStats:
         )
 
 
-def _truncate(counts: dict[int, int], capacity: int) -> dict[int, int]:
-    """Misra-Gries reduction: subtract the (capacity+1)-th largest count, keep the positives."""
-    if len(counts) <= capacity:
-        return counts
-    values = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
-    cut = int(np.partition(values, len(values) - capacity - 1)[len(values) - capacity - 1])
-    return {i: c - cut for i, c in counts.items() if c > cut}
+def _merged_sketch(
+    sketch: dict[int, int], ids: np.ndarray, counts: np.ndarray, capacity: int
+) -> dict[int, int]:
+    """Add exact counts of distinct ``ids`` to a sketch, then the Misra-Gries reduction: if
+    more than ``capacity`` ids remain, subtract the (capacity+1)-th largest count and keep the
+    positives. Vectorized: this runs per table for every profiled batch."""
+    if sketch:
+        n = len(sketch)
+        ids = np.concatenate([np.fromiter(sketch.keys(), dtype=np.int64, count=n), ids])
+        counts = np.concatenate([np.fromiter(sketch.values(), dtype=np.int64, count=n), counts])
+        ids, inverse = np.unique(ids, return_inverse=True)
+        summed = np.zeros(ids.size, dtype=np.int64)
+        np.add.at(summed, inverse, counts)
+        counts = summed
+    if ids.size > capacity:
+        cut = np.partition(counts, ids.size - capacity - 1)[ids.size - capacity - 1]
+        keep = counts > cut
+        ids, counts = ids[keep], counts[keep] - cut
+    return dict(zip(ids.tolist(), counts.tolist(), strict=True))
 
 
 def table_key(
@@ -226,14 +239,23 @@ def load_stats(directory: str | os.PathLike[str], key: dict[str, Any]) -> TableS
 
 @dataclass(frozen=True)
 class StatsTable:
-    """What the collector needs of one table."""
+    """What the collector needs of one table.
+
+    Attributes:
+        name, vocabulary_size, dim, num_features: the table's parameters (part of its key).
+        load_of: ``ids (N,) int64 -> (num_shards,) int64``, the lookups each rank serves for
+            these ids under the table's placement; ``None``: all on one shard.
+        num_shards: entries of :attr:`TableStats.shard_load` (the world size when sharded).
+        strategy: the table's placement, part of its key (``None``: the collector's).
+    """
 
     name: str
     vocabulary_size: int
     dim: int
     num_features: int
-    shard_of: Callable[[np.ndarray], np.ndarray] | None = None  # ids -> shard index
+    load_of: Callable[[np.ndarray], np.ndarray] | None = None
     num_shards: int = 1
+    strategy: str | None = None
 
 
 class StatsCollector:
@@ -264,16 +286,35 @@ class StatsCollector:
         self.directory = Path(directory)
         self.sample_rate = sample_rate
         self._tables = list(tables)
+        self._options = {"strategy": strategy, "capacity": capacity, "seed": seed}
         self._rng = np.random.default_rng(seed)
         self.stats = [
             TableStats(
                 t.name,
-                table_key(t.name, t.vocabulary_size, t.dim, t.num_features, strategy, world_size),
+                table_key(
+                    t.name,
+                    t.vocabulary_size,
+                    t.dim,
+                    t.num_features,
+                    t.strategy or strategy,
+                    world_size,
+                ),
                 capacity=capacity,
                 shard_load=[0] * t.num_shards,
             )
             for t in self._tables
         ]
+
+    def regrouped(self, tables: Sequence[StatsTable], *, world_size: int) -> StatsCollector:
+        """A fresh collector with this one's directory, rate and seed for another layout of
+        the same tables (the sharded engine's placements and world size)."""
+        return StatsCollector(
+            self.directory,
+            tables,
+            sample_rate=self.sample_rate,
+            world_size=world_size,
+            **self._options,
+        )
 
     def maybe_observe(self, features_by_table: Sequence[Sequence[FeatureBatch]]) -> bool:
         """Profile this batch with probability ``sample_rate``; return whether it was."""
@@ -303,24 +344,40 @@ class StatsCollector:
                 unique, counts = np.unique(ids, return_counts=True)
                 stats.unique_ratio_sum += unique.size / ids.size
                 stats.add_counts(unique, counts)
-                if table.shard_of is None:
+                if table.load_of is None:
                     stats.shard_load[0] += int(ids.size)
                 else:
-                    load = np.bincount(table.shard_of(ids), minlength=table.num_shards)
+                    load = table.load_of(ids)
                     stats.shard_load = [
                         a + int(b) for a, b in zip(stats.shard_load, load, strict=True)
                     ]
 
-    def flush(self) -> list[Path]:
-        """Write (merging with what is stored under the same key) one file per table."""
+    def flush(
+        self, *, others: Sequence[Sequence[TableStats]] = (), write: bool = True
+    ) -> list[Path]:
+        """Write (merging with what is stored under the same key) one file per table, then
+        start counting afresh.
+
+        Args:
+            others: other collectors' statistics of the same tables (the other ranks of a
+                sharded engine), added to this one's before writing.
+            write: ``False`` only resets (a rank that leaves the writing to another); the
+                paths that are written elsewhere are still returned.
+        """
         paths = []
-        for stats in self.stats:
-            if stats.batches == 0:
+        for i, stats in enumerate(self.stats):
+            total = TableStats.from_json(stats.to_json())
+            for other in others:
+                total.merge(other[i])
+            if total.batches == 0:
                 continue
-            stored = load_stats(self.directory, stats.key)
-            total = stats if stored is None else _merged(stored, stats)
-            path = stats_path(self.directory, stats.key)
-            _write_atomic(path, json.dumps(total.to_json(), indent=1))
+            path = stats_path(self.directory, total.key)
+            if write:
+                stored = load_stats(self.directory, total.key)
+                if stored is not None:
+                    stored.merge(total)
+                    total = stored
+                _write_atomic(path, json.dumps(total.to_json(), indent=1))
             paths.append(path)
         for i, stats in enumerate(self.stats):  # written: start counting afresh
             self.stats[i] = TableStats(
@@ -337,9 +394,3 @@ def _ids_per_row(batch: FeatureBatch) -> np.ndarray:
     lengths = (batch.offsets[1:] - batch.offsets[:-1]).cpu().numpy()
     rows = batch.output_shape[0] if batch.output_shape else 1
     return lengths.reshape(rows, -1).sum(axis=1) if rows else lengths[:0]
-
-
-def _merged(a: TableStats, b: TableStats) -> TableStats:
-    out = TableStats.from_json(a.to_json())
-    out.merge(b)
-    return out

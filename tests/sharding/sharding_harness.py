@@ -424,6 +424,47 @@ def worker_errors(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def statistics_plans(world: int) -> dict[str, ShardingPlan]:
+    """Two plans that between them put every table under every scheme (row-wise on
+    reversed ranks, so shard p is not rank p)."""
+    every = list(range(world))
+    return {
+        "mixed": ShardingPlan(
+            world_size=world,
+            tables={
+                "a": TableShard.row_wise(list(reversed(every)), "mod"),
+                "b": TableShard.data_parallel(world),
+                "c": TableShard.column_wise(every, 6),
+            },
+        ),
+        "other": ShardingPlan(
+            world_size=world,
+            tables={
+                "a": TableShard.table_wise(world - 1),
+                "b": TableShard.row_wise(every, "div"),
+                "c": TableShard.row_wise(list(reversed(every)), "div"),
+            },
+        ),
+    }
+
+
+def worker_statistics(rank: int, world: int, directory: str) -> dict[str, list[str]]:
+    """Train ``STEPS`` steps under each of :func:`statistics_plans`, profiling every batch."""
+    case = Case("row_wise:div", "adagrad", world)  # the inputs only
+    out = {}
+    for name, plan in statistics_plans(world).items():
+        engine = ec.EmbeddingEngine(
+            feature_config(),
+            ec_optimizer(case),
+            plan=plan,
+            profile_data_directory=os.path.join(directory, name),
+            profile_sample_rate=1.0,
+        )
+        train(engine, case, [rank])
+        out[name] = engine.write_statistics()
+    return out
+
+
 def _entry(rank: int, world: int, store: str, fn: str, args: tuple, out: str) -> None:
     warnings.simplefilter("error")  # as pytest's filterwarnings = error
     torch.set_num_threads(1)
@@ -445,7 +486,9 @@ def launch(fn: str, world: int, *args: Any) -> list[Any]:
     global _PRELOADED
     ctx = mp.get_context("forkserver")
     if not _PRELOADED:
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "embcore", "sharding_harness"])
+        ctx.set_forkserver_preload(
+            ["torch", "torch.distributed", "embcore", "embcore.checkpoint", "sharding_harness"]
+        )
         _PRELOADED = True
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")

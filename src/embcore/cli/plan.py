@@ -9,18 +9,21 @@ BENCHMARKS.md (``--workload W1``) or a JSON file (``--config``)::
 
 ``--output plan.json`` writes the plan for ``ShardingPlan.from_json`` (pass it to the engine as
 ``plan=``); ``--stats`` reads lookup statistics (a ``profile_data_directory``, or a JSON file
-``{"table": {"ids_per_example": 20, "unique_ratio": 0.4}}``).
+``{"table": {"ids_per_example": 20, "unique_ratio": 0.4}}``). Tables with statistics go through
+the planner's hot-table replication rule; the report lists each one's verdict and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import embcore as ec
 from embcore.sharding import ShardingPlan, estimate, plan
+from embcore.sharding.planner import REPLICATE_MAX_BYTES, Replication, replication
 
 __all__ = ["WORKLOADS", "register", "report"]
 
@@ -85,6 +88,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--memory-per-rank", type=_bytes, default=None, help="e.g. 16GiB")
     parser.add_argument("--stats", type=Path, default=None, help="lookup statistics")
+    parser.add_argument(
+        "--replicate-max-bytes",
+        type=_bytes,
+        default=REPLICATE_MAX_BYTES,
+        help="largest table the hot-table rule replicates (default 16MiB)",
+    )
     parser.add_argument("--json", action="store_true", help="print only the plan as JSON")
     parser.add_argument("--output", type=Path, default=None, help="write the plan JSON here")
     parser.set_defaults(func=run)
@@ -146,7 +155,12 @@ def _load_stats(path: Path) -> dict[str, Any]:
 
 
 def report(
-    sharding: ShardingPlan, features: Any, optimizer: Any, batch_size: int, stats: Any
+    sharding: ShardingPlan,
+    features: Any,
+    optimizer: Any,
+    batch_size: int,
+    stats: Any,
+    verdicts: Sequence[Replication] = (),
 ) -> str:
     ranks, tables = estimate(
         sharding, features, optimizer=optimizer, batch_size=batch_size, stats=stats
@@ -167,6 +181,19 @@ def report(
             f"{r.rank:<6} {_human(r.memory_bytes):>12} {_human(r.bytes_sent):>12} "
             f"{_human(r.bytes_received):>14}"
         )
+    if verdicts:
+        lines += [
+            "",
+            "hot-table replication (tables with statistics)",
+            f"{'table':<16} {'size':>12} {'lookups/row':>12} {'all-reduce':>12} "
+            f"{'all-to-all':>12}  verdict",
+        ]
+        for v in verdicts:
+            lines.append(
+                f"{v.table:<16} {_human(v.replica_bytes):>12} {v.lookups_per_row:>12.2f} "
+                f"{_human(v.all_reduce_bytes):>12} {_human(v.all_to_all_bytes):>12}  "
+                f"{'replicate' if v.replicate else 'shard'} ({v.reason})"
+            )
     return "\n".join(lines)
 
 
@@ -197,6 +224,15 @@ def run(args: argparse.Namespace) -> int:
             stats=stats,
             overrides=overrides,
             memory_per_rank=args.memory_per_rank,
+            replicate_max_bytes=args.replicate_max_bytes,
+        )
+        verdicts = replication(
+            features,
+            args.world_size,
+            optimizer=optimizer,
+            batch_size=batch_size,
+            stats={n: v for n, v in stats.items() if n not in overrides},
+            replicate_max_bytes=args.replicate_max_bytes,
         )
     except ValueError as error:
         raise SystemExit(f"embcore {error}") from None
@@ -205,5 +241,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(sharding.to_json(indent=2))
     else:
-        print(report(sharding, features, optimizer, batch_size, stats))
+        print(report(sharding, features, optimizer, batch_size, stats, verdicts))
     return 0

@@ -31,10 +31,12 @@ from embcore.sharding.base import ShardedTable, ShardEnv
 from embcore.sharding.column_wise import ColumnWise
 from embcore.sharding.comm import Comm, CommStats
 from embcore.sharding.data_parallel import DataParallel
+from embcore.sharding.load import lookup_load
 from embcore.sharding.planner import plan as make_plan
 from embcore.sharding.row_wise import RowWise
 from embcore.sharding.spec import ShardingPlan
 from embcore.sharding.table_wise import TableWise
+from embcore.stats import StatsTable
 
 __all__ = ["SCHEME_CLASSES", "ShardedEmbeddingEngine", "wants_sharding"]
 
@@ -90,6 +92,24 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
         # Read by _build_tables, which the base constructor calls.
         object.__setattr__(self, "_shard_args", (plan, process_group, feature_config, optimizer))
         super().__init__(feature_config, optimizer, **kwargs)
+        if self._stats is not None:  # record each rank's load under this plan
+            self._stats = self._stats.regrouped(
+                [
+                    StatsTable(
+                        t.name,
+                        t.vocabulary_size,
+                        t.dim,
+                        len(t.features),
+                        load_of=lookup_load(
+                            self.plan[t.name], t.vocabulary_size, self.world_size, self.rank
+                        ),
+                        num_shards=self.world_size,
+                        strategy=self.plan[t.name].describe(),
+                    )
+                    for t in self._tables
+                ],
+                world_size=self.world_size,
+            )
 
     # ----------------------------------------------------------------------------- state
     def _build_tables(self, device: torch.device) -> None:
@@ -202,6 +222,18 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
         )
         return f"rank={self.rank}/{self.world_size}, {super().extra_repr()}, plan=[{placed}]"
 
+    def write_statistics(self) -> list[str]:
+        """Write the lookup statistics of every rank's batches (a collective): rank 0 sums
+        the ranks' statistics and writes them; every rank returns the paths once written."""
+        if self._stats is None or not self._comm.distributed or self.world_size == 1:
+            return super().write_statistics()
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, self._stats.stats, group=self._comm.group)
+        others = [s for r, s in enumerate(everyone) if r != self.rank]
+        paths = self._stats.flush(others=others, write=self.rank == 0)
+        dist.barrier(group=self._comm.group)  # the files exist when any rank returns
+        return [str(p) for p in paths]
+
     def _checkpoint_items(self) -> list[tuple[str, ShardedTable, str]]:
         """``(state-dict key, sharded table, tensor name)`` for every table tensor."""
         return [
@@ -256,8 +288,9 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
         self._pending = None
 
     # ------------------------------------------------------------------------- the step
-    def _lookup(self, batches: list[FeatureBatch]) -> list[Tensor]:
-        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase."""
+    def _lookup(self, batches: list[FeatureBatch], out: Tensor | None = None) -> list[Tensor]:
+        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase (with
+        ``out``, ``(S, F, dim)``: the activations are also copied into its slices)."""
         with torch.no_grad():
             ex = self._comm.exchange()
             ctxs = [
@@ -273,11 +306,15 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
             per_table = [s.output_dist(inbox, c) for s, c in zip(self._sharded, ctxs, strict=True)]
             inbox.check_empty()
         self.flush()  # pipelined: the previous step's update lands after this lookup
-        out: list[Tensor | None] = [None] * len(batches)
+        flat: list[Tensor | None] = [None] * len(batches)
         for t, acts in zip(self._tables, per_table, strict=True):
             for i, act in zip(t.features, acts, strict=True):
-                out[i] = act
-        return out  # type: ignore[return-value]
+                flat[i] = act
+        if out is not None:
+            stacked = out.view(-1, len(batches), out.shape[-1])
+            for i, act in enumerate(flat):
+                stacked[:, i, :].copy_(act.reshape(stacked.shape[0], -1))
+        return flat  # type: ignore[return-value]
 
     def _check_gradient(self, feature: ResolvedFeature, batch: FeatureBatch, grad: Any) -> Tensor:
         # A bad gradient on one rank must stop every rank, not leave the others waiting in a
@@ -290,7 +327,9 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
             dim = self._tables[feature.table].dim
             return torch.zeros(batch.num_samples, dim, device=self.device)
 
-    def _update(self, batches: list[FeatureBatch], grads: list[Tensor]) -> None:
+    def _update(
+        self, batches: list[FeatureBatch], grads: list[Tensor], whole: Tensor | None = None
+    ) -> None:
         """Agree on the gradients before any collective of the update: an invalid gradient
         raises on every rank, and non-finite gradients anywhere raise (or skip the step) on
         every rank, as ``non_finite_gradients`` says."""
@@ -321,7 +360,9 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
             return
         super()._update(batches, grads)
 
-    def _apply(self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]) -> None:
+    def _apply_update(
+        self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]
+    ) -> None:
         """Backward: grad_dist -> per-row sums -> one ops.update over every local shard."""
         with torch.no_grad():
             ex, reducer = self._comm.exchange(), self._comm.reducer()

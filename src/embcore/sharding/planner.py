@@ -16,6 +16,24 @@ Tiny tables come out data-parallel (an all-reduce of a few rows costs less than 
 activations), big one-hot tables row-wise, and multi-hot tables table- or column-wise (pooled
 activations are smaller than their ids' rows).
 
+**Hot-table replication.** For a table with lookup statistics (SPEC 4.6), replication is
+decided by one rule instead of the balance score (:func:`replication`): the table is made
+data-parallel when all three hold,
+
+1. it is small: weights plus optimizer slots at most ``replicate_max_bytes``
+   (:data:`REPLICATE_MAX_BYTES`, 16 MiB), the memory every rank then spends on a replica;
+2. it is hot: its lookups per step over all ranks are at least
+   ``replicate_min_lookups_per_row`` (:data:`REPLICATE_MIN_LOOKUPS_PER_ROW`, 1) per row, so
+   the dense all-reduce of the replicas' gradients carries rows that were actually read
+   (for one-hot tables the cost condition below already needs about 2 lookups per row on 2
+   ranks and 4 on 4; this bar keeps a table the statistics show cold from ever being
+   replicated, and can be raised);
+3. replication costs less: the all-reduce of its ``(vocab, dim + 1)`` gradient buffer moves
+   fewer bytes per step (summed over ranks) than its cheapest sharded placement's all-to-alls
+   of ids, rows, activations and gradients, in the cost model below.
+
+Otherwise the table is not replicated. Tables without statistics keep the balance score.
+
 Nothing here touches a process group; ``embcore plan`` prints a plan and its estimates.
 """
 
@@ -32,12 +50,28 @@ from embcore.optimizers.base import Optimizer
 from embcore.sharding import maps
 from embcore.sharding.spec import SCHEMES, ShardingPlan, TableShard
 
-__all__ = ["ASSUMED_MEMORY_PER_RANK", "RankLoad", "TableLoad", "estimate", "plan"]
+__all__ = [
+    "ASSUMED_MEMORY_PER_RANK",
+    "REPLICATE_MAX_BYTES",
+    "REPLICATE_MIN_LOOKUPS_PER_ROW",
+    "RankLoad",
+    "Replication",
+    "TableLoad",
+    "estimate",
+    "plan",
+    "replication",
+]
 
 F32, I64 = 4, 8
 
 #: The memory a rank is assumed to have for tables when ``memory_per_rank`` is not given.
 ASSUMED_MEMORY_PER_RANK = 16 << 30
+
+#: The largest table (weights plus optimizer slots, one replica) the hot-table rule replicates.
+REPLICATE_MAX_BYTES = 16 << 20
+
+#: Lookups per row and step (over all ranks) from which the hot-table rule counts a table hot.
+REPLICATE_MIN_LOOKUPS_PER_ROW = 1.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,29 @@ class TableLoad:
     shard: TableShard
     memory_bytes: int
     bytes_sent: int
+
+
+@dataclass(frozen=True)
+class Replication:
+    """The hot-table rule's inputs and verdict for one table with lookup statistics.
+
+    Attributes:
+        table: the table's name.
+        replica_bytes: weights plus optimizer slots of one replica.
+        lookups_per_row: id lookups per step over all ranks, divided by the table's rows.
+        all_reduce_bytes: bytes sent per step, summed over ranks, when replicated.
+        all_to_all_bytes: the same for the cheapest sharded placement.
+        replicate: whether the rule replicates the table.
+        reason: why, in a few words.
+    """
+
+    table: str
+    replica_bytes: int
+    lookups_per_row: float
+    all_reduce_bytes: int
+    all_to_all_bytes: int
+    replicate: bool
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -123,6 +180,9 @@ def _stat(value: Any, name: str) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- cost model
+_DP = TableShard.data_parallel
+
+
 def _loads(
     t: _Table, shard: TableShard, world: int
 ) -> tuple[list[float], list[float], list[float]]:
@@ -180,6 +240,63 @@ def _candidates(t: _Table, world: int, min_column_width: int) -> list[TableShard
     return out
 
 
+def _replication(
+    t: _Table, world: int, min_column_width: int, max_bytes: int, min_lookups_per_row: float
+) -> Replication:
+    """The hot-table rule (module docstring) for one table."""
+    size = t.bytes(t.vocab, t.dim)
+    lookups = world * t.ids / t.vocab
+    sent = {
+        shard.scheme: sum(_loads(t, shard, world)[1])
+        for shard in _candidates(t, world, min_column_width)
+    }
+    replicated = sent.pop("data_parallel", 0.0)
+    sharded = min(sent.values())
+    if world == 1:
+        verdict, reason = False, "one rank"
+    elif size > max_bytes:
+        verdict, reason = False, f"over {max_bytes / (1 << 20):g} MiB"
+    elif lookups < min_lookups_per_row:
+        verdict, reason = False, f"cold: under {min_lookups_per_row:g} lookups/row/step"
+    elif replicated >= sharded:
+        verdict, reason = False, "all-reduce costs more than all-to-all"
+    else:
+        verdict, reason = True, "small, hot, all-reduce cheaper"
+    return Replication(t.name, size, lookups, round(replicated), round(sharded), verdict, reason)
+
+
+def replication(
+    feature_config: Any,
+    world_size: int,
+    *,
+    optimizer: Optimizer | None = None,
+    batch_size: int = 1024,
+    stats: Mapping[str, Any] | None = None,
+    replicate_max_bytes: int = REPLICATE_MAX_BYTES,
+    replicate_min_lookups_per_row: float = REPLICATE_MIN_LOOKUPS_PER_ROW,
+    min_column_width: int = 32,
+) -> list[Replication]:
+    """The hot-table rule's verdict for every table that has statistics, in table order.
+
+    Arguments as :func:`plan`; tables without an entry in ``stats`` are left out.
+    """
+    world = check_int("replication", "world_size", world_size, minimum=1)
+    batch = check_int("replication", "batch_size", batch_size, minimum=1)
+    max_bytes = check_int("replication", "replicate_max_bytes", replicate_max_bytes, minimum=0)
+    if not isinstance(replicate_min_lookups_per_row, (int, float)) or not (
+        replicate_min_lookups_per_row >= 0
+    ):
+        raise ValueError(
+            "replication: replicate_min_lookups_per_row must be a number >= 0, got "
+            f"{replicate_min_lookups_per_row!r}"
+        )
+    return [
+        _replication(t, world, min_column_width, max_bytes, float(replicate_min_lookups_per_row))
+        for t in _tables(feature_config, optimizer, batch, stats)
+        if stats is not None and t.name in stats
+    ]
+
+
 def _override(t: _Table, value: Any, world: int) -> list[TableShard]:
     """The candidates an override allows: a TableShard, or a scheme name (``row_wise:mod``,
     ``table_wise:1``)."""
@@ -220,6 +337,8 @@ def plan(
     overrides: Mapping[str, TableShard | str] | None = None,
     memory_per_rank: int | None = None,
     min_column_width: int = 32,
+    replicate_max_bytes: int = REPLICATE_MAX_BYTES,
+    replicate_min_lookups_per_row: float = REPLICATE_MIN_LOOKUPS_PER_ROW,
 ) -> ShardingPlan:
     """Place every table of a feature config on ``world_size`` ranks.
 
@@ -235,6 +354,9 @@ def plan(
             (``"row_wise:div"``), ``"row_wise:mod"``, ``"column_wise"``, ``"data_parallel"``.
         memory_per_rank: bytes a rank may hold; placements beyond it are not considered.
         min_column_width: the narrowest column shard the planner proposes.
+        replicate_max_bytes, replicate_min_lookups_per_row: the hot-table rule's size and
+            heat thresholds (module docstring); it decides replication for every table in
+            ``stats`` that has no override.
 
     Raises:
         ValueError: an override names an unknown table or scheme, or a table fits nowhere
@@ -292,12 +414,35 @@ def plan(
             traffic[i] += s[i] + r[i]
         chosen[t.name] = best
 
+    verdicts = {
+        r.table: r.replicate
+        for r in replication(
+            feature_config,
+            world,
+            optimizer=optimizer,
+            batch_size=batch,
+            stats={n: v for n, v in (stats or {}).items() if n not in overrides},
+            replicate_max_bytes=replicate_max_bytes,
+            replicate_min_lookups_per_row=replicate_min_lookups_per_row,
+            min_column_width=min_column_width,
+        )
+    }
     for t in tables:
         if t.name in overrides:
             place(t, _override(t, overrides[t.name], world))
+    for t in tables:  # replicas load every rank alike: place them before balancing the rest
+        if verdicts.get(t.name) and (
+            memory_per_rank is None
+            or max(a + b for a, b in zip(mem, _loads(t, _DP(world), world)[0], strict=True))
+            <= memory_per_rank
+        ):
+            place(t, [_DP(world)])
     for t in sorted(tables, key=lambda t: -t.bytes(t.vocab, t.dim)):
         if t.name not in chosen:
-            place(t, _candidates(t, world, min_column_width))
+            options = _candidates(t, world, min_column_width)
+            if t.name in verdicts:  # the rule has decided against replicating it
+                options = [o for o in options if o.scheme != "data_parallel"]
+            place(t, options)
     return ShardingPlan(world_size=world, tables={n: chosen[n] for n in names})
 
 

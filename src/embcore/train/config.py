@@ -212,6 +212,9 @@ class RunConfig(_Section):
             of this model, the other core prepares the next batches.
         progress: show a progress bar.
         plot: write ``curves.png``.
+        pipeline: the engine's pipelined execution (SPEC 4.5): step N's embedding update
+            lands after step N+1's lookup, so lookups read one-step-stale rows; changes
+            results slightly (see docs/pipelining_and_stats.md).
     """
 
     _name = "train"
@@ -225,6 +228,7 @@ class RunConfig(_Section):
     threads: int = 1
     progress: bool = True
     plot: bool = True
+    pipeline: bool = False
 
     def _check(self) -> None:
         for name in ("steps", "eval_every", "log_every", "checkpoint_every", "keep_checkpoints"):

@@ -190,7 +190,11 @@ def train(
 def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainResult:
     source = build_source(cfg.data)
     model = build_model(
-        cfg.model, source.vocab_sizes, optimizer=embedding_optimizer(cfg.optim), seed=cfg.train.seed
+        cfg.model,
+        source.vocab_sizes,
+        optimizer=embedding_optimizer(cfg.optim),
+        seed=cfg.train.seed,
+        engine_options={"pipeline": cfg.train.pipeline},
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
     ckpt_dir = Path(cfg.train.out_dir) / "checkpoints"

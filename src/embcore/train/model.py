@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -81,6 +82,7 @@ def build_model(
     optimizer: ec.Optimizer | None,
     seed: int,
     tables: dict[str, Tensor] | None = None,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> DLRM:
     """The DLRM of ``cfg`` with one table per categorical feature.
 
@@ -91,6 +93,8 @@ def build_model(
         seed: seeds the dense weights and the tables' initial values; the global RNG is left
             as it was.
         tables: starting rows per feature name instead of the random ones (serving).
+        engine_options: more :class:`embcore.EmbeddingEngine` keyword arguments
+            (``pipeline``, ``profile_data_directory``, ...).
     """
     features = {}
     for name, vocab in zip(SPARSE_NAMES, vocab_sizes, strict=True):
@@ -105,7 +109,9 @@ def build_model(
         features[name] = ec.FeatureConfig(table=table, name=name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        engine = ec.EmbeddingEngine(features, optimizer=optimizer, seed=seed)
+        engine = ec.EmbeddingEngine(
+            features, optimizer=optimizer, seed=seed, **dict(engine_options or {})
+        )
         if cfg.interaction == "dot":
             interaction: torch.nn.Module = DotInteraction(len(SPARSE_NAMES), cfg.embedding_dim)
         else:
