@@ -13,7 +13,6 @@ the table, all samples) and then applies the table's optimizer once per touched 
 
 from __future__ import annotations
 
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +22,9 @@ from torch import Tensor, nn
 
 from embcore import nest, ops
 from embcore._autograd import LookupWithUpdate, StackedLookupWithUpdate
+from embcore._queue import Pending, QueueStyle, is_feature
 from embcore._validate import check_int
-from embcore.config import FeatureConfig, ResolvedFeature, ResolvedTable, resolve
+from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.initializers import initial_rows, initial_slots
 from embcore.inputs import FeatureBatch, to_feature_batch
 from embcore.optimizers.base import Optimizer
@@ -63,10 +63,6 @@ def _storage_dtype(value: Any, backend: str) -> torch.dtype:
     return value
 
 
-def _is_feature(x: Any) -> bool:
-    return isinstance(x, FeatureConfig)
-
-
 @dataclass(frozen=True, eq=False)
 class PreparedBatch:
     """A batch validated and converted by :meth:`EmbeddingEngine.prepare`.
@@ -79,16 +75,7 @@ class PreparedBatch:
     engine: int  # id() of the engine that prepared it
 
 
-@dataclass
-class _Pending:
-    """A batch between ``enqueue`` and ``apply_gradients`` (or ``dequeue`` for inference)."""
-
-    batches: list[FeatureBatch]
-    training: bool
-    dequeued: bool = False
-
-
-class EmbeddingEngine(nn.Module):
+class EmbeddingEngine(QueueStyle, nn.Module):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
     Args:
@@ -157,7 +144,7 @@ class EmbeddingEngine(nn.Module):
             )
         self._build_tables(device)
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         if pipeline is not None and bool(pipeline) != bool(pipeline_execution_with_tensor_core):
             if pipeline_execution_with_tensor_core:
                 raise ValueError(
@@ -332,12 +319,12 @@ class EmbeddingEngine(nn.Module):
 
     # ---------------------------------------------------------------------------- inputs
     def _prepare(self, features: Any, weights: Any) -> list[FeatureBatch]:
-        ids = nest.map_up_to(self._structure, features, "features", is_leaf=_is_feature)
+        ids = nest.map_up_to(self._structure, features, "features", is_leaf=is_feature)
         if weights is None:
             ws: list[Any] = [None] * len(ids)
         else:
             ws = nest.map_up_to(
-                self._structure, weights, "weights", is_leaf=_is_feature, missing_ok=True
+                self._structure, weights, "weights", is_leaf=is_feature, missing_ok=True
             )
         device = self.device
         batches = [
@@ -394,7 +381,7 @@ class EmbeddingEngine(nn.Module):
             a.view(*b.output_shape, self._tables[f.table].dim)
             for a, b, f in zip(flat, batches, self._features, strict=True)
         ]
-        return nest.pack(self._structure, shaped, is_leaf=_is_feature)
+        return nest.pack(self._structure, shaped, is_leaf=is_feature)
 
     def _require_optimizers(self, what: str) -> None:
         missing = [t.name for t in self._tables if t.optimizer is None]
@@ -509,95 +496,6 @@ class EmbeddingEngine(nn.Module):
                 "EmbeddingEngine.write_statistics: no profile_data_directory was given"
             )
         return [str(p) for p in self._stats.flush()]
-
-    # ------------------------------------------------------------------- the seeds' style
-    def enqueue(self, features: Any, weights: Any = None, training: bool = True) -> None:
-        """Validate and convert a batch for the next :meth:`dequeue`.
-
-        Args:
-            features: ids in the structure of the feature config: dense integer tensors,
-                ``torch.sparse_coo_tensor`` or :class:`RaggedIds`, one per feature.
-            weights: ``None``, or per-id float weights in the same structure; ``None`` entries
-                and absent dict keys mean unweighted; sparse weights share the ids' indices,
-                ragged weights their row splits.
-            training: True when :meth:`apply_gradients` will follow.
-
-        Raises:
-            RuntimeError: a training batch is still waiting for ``apply_gradients``, or a batch
-                was never dequeued.
-        """
-        if self._pending is not None:
-            if self._pending.training:
-                raise RuntimeError(
-                    "EmbeddingEngine.enqueue: the previous training batch has not been applied; "
-                    "call dequeue() and apply_gradients() before the next enqueue()"
-                )
-            if not self._pending.dequeued:
-                raise RuntimeError(
-                    "EmbeddingEngine.enqueue: the previous batch was never dequeued; call "
-                    "dequeue() first"
-                )
-        if training:
-            self._require_optimizers("enqueue(training=True)")
-        batches = self._batches(features, weights)
-        self._pending = _Pending(batches, bool(training))
-
-    def dequeue(self) -> Any:
-        """The activations of the enqueued batch, in the feature config's structure.
-
-        Each is ``output_shape + (dim,)``: ``(B, dim)`` pooled, ``(B, L, dim)`` for sequences.
-        After a training enqueue they are leaf tensors that require grad, so that
-        ``torch.autograd.grad(loss, activations)`` gives the gradients to apply.
-        """
-        pending = self._pending
-        if pending is None or pending.dequeued:
-            raise RuntimeError("EmbeddingEngine.dequeue: no batch enqueued; call enqueue() first")
-        flat = self._lookup(pending.batches)
-        if pending.training:
-            flat = [a.requires_grad_(True) for a in flat]
-            pending.dequeued = True
-        else:
-            self._pending = None
-        return self._pack(flat, pending.batches)
-
-    def apply_gradients(self, gradients: Any) -> None:
-        """Update the tables with d(loss)/d(activation) of the dequeued training batch.
-
-        Args:
-            gradients: the structure of the feature config, each entry a tensor shaped like
-                its activation, or ``None`` for zeros (which still touch the looked-up rows:
-                Adam, AdagradMomentum and FTRL rows move, SPEC 3.15).
-
-        Raises:
-            RuntimeError: no training batch was enqueued and dequeued.
-            ValueError, TypeError: a gradient is missing, of the wrong type or shape, or not
-                finite. Nothing is updated and the batch stays pending.
-        """
-        pending = self._pending
-        if pending is None or not pending.training:
-            raise RuntimeError(
-                "EmbeddingEngine.apply_gradients: no training batch to apply; call "
-                "enqueue(batch, training=True) and dequeue() first"
-            )
-        if not pending.dequeued:
-            raise RuntimeError(
-                "EmbeddingEngine.apply_gradients: call dequeue() before apply_gradients()"
-            )
-        flat = nest.map_up_to(self._structure, gradients, "gradients", is_leaf=_is_feature)
-        none = [f.name for f, g in zip(self._features, flat, strict=True) if g is None]
-        grads = [
-            self._check_gradient(f, b, g)
-            for f, b, g in zip(self._features, pending.batches, flat, strict=True)
-        ]
-        if none:
-            warnings.warn(
-                f"EmbeddingEngine.apply_gradients: no gradient for features {none}; zeros are "
-                "applied, which still update the looked-up rows of optimizers with state",
-                UserWarning,
-                stacklevel=2,
-            )
-        self._update(pending.batches, grads)
-        self._pending = None
 
     # -------------------------------------------------------------------- PyTorch style
     def forward(self, features: Any, weights: Any = None) -> Any:

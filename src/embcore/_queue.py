@@ -1,0 +1,127 @@
+"""The seeds' style of training: ``enqueue`` a batch, ``dequeue`` its activations, then
+``apply_gradients`` with d(loss)/d(activation), as the TPU embedding API does.
+
+:class:`QueueStyle` gives :class:`embcore.EmbeddingEngine` these three methods; they use the
+engine's own steps (``_batches``, ``_lookup``, ``_pack``, ``_check_gradient``, ``_update``),
+so the update is exactly the one the PyTorch style's ``backward`` applies.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from embcore import nest
+from embcore.config import FeatureConfig
+from embcore.inputs import FeatureBatch
+
+__all__ = ["Pending", "QueueStyle", "is_feature"]
+
+
+def is_feature(x: Any) -> bool:
+    """Whether ``x`` is a leaf of a feature-config structure."""
+    return isinstance(x, FeatureConfig)
+
+
+@dataclass
+class Pending:
+    """A batch between ``enqueue`` and ``apply_gradients`` (or ``dequeue`` for inference)."""
+
+    batches: list[FeatureBatch]
+    training: bool
+    dequeued: bool = False
+
+
+class QueueStyle:
+    """``enqueue`` / ``dequeue`` / ``apply_gradients`` of an engine (a mixin)."""
+
+    _pending: Pending | None
+
+    def enqueue(self, features: Any, weights: Any = None, training: bool = True) -> None:
+        """Validate and convert a batch for the next :meth:`dequeue`.
+
+        Args:
+            features: ids in the structure of the feature config: dense integer tensors,
+                ``torch.sparse_coo_tensor`` or :class:`RaggedIds`, one per feature.
+            weights: ``None``, or per-id float weights in the same structure; ``None`` entries
+                and absent dict keys mean unweighted; sparse weights share the ids' indices,
+                ragged weights their row splits.
+            training: True when :meth:`apply_gradients` will follow.
+
+        Raises:
+            RuntimeError: a training batch is still waiting for ``apply_gradients``, or a batch
+                was never dequeued.
+        """
+        if self._pending is not None:
+            if self._pending.training:
+                raise RuntimeError(
+                    "EmbeddingEngine.enqueue: the previous training batch has not been applied; "
+                    "call dequeue() and apply_gradients() before the next enqueue()"
+                )
+            if not self._pending.dequeued:
+                raise RuntimeError(
+                    "EmbeddingEngine.enqueue: the previous batch was never dequeued; call "
+                    "dequeue() first"
+                )
+        if training:
+            self._require_optimizers("enqueue(training=True)")
+        batches = self._batches(features, weights)
+        self._pending = Pending(batches, bool(training))
+
+    def dequeue(self) -> Any:
+        """The activations of the enqueued batch, in the feature config's structure.
+
+        Each is ``output_shape + (dim,)``: ``(B, dim)`` pooled, ``(B, L, dim)`` for sequences.
+        After a training enqueue they are leaf tensors that require grad, so that
+        ``torch.autograd.grad(loss, activations)`` gives the gradients to apply.
+        """
+        pending = self._pending
+        if pending is None or pending.dequeued:
+            raise RuntimeError("EmbeddingEngine.dequeue: no batch enqueued; call enqueue() first")
+        flat = self._lookup(pending.batches)
+        if pending.training:
+            flat = [a.requires_grad_(True) for a in flat]
+            pending.dequeued = True
+        else:
+            self._pending = None
+        return self._pack(flat, pending.batches)
+
+    def apply_gradients(self, gradients: Any) -> None:
+        """Update the tables with d(loss)/d(activation) of the dequeued training batch.
+
+        Args:
+            gradients: the structure of the feature config, each entry a tensor shaped like
+                its activation, or ``None`` for zeros (which still touch the looked-up rows:
+                Adam, AdagradMomentum and FTRL rows move, SPEC 3.15).
+
+        Raises:
+            RuntimeError: no training batch was enqueued and dequeued.
+            ValueError, TypeError: a gradient is missing, of the wrong type or shape, or not
+                finite. Nothing is updated and the batch stays pending.
+        """
+        pending = self._pending
+        if pending is None or not pending.training:
+            raise RuntimeError(
+                "EmbeddingEngine.apply_gradients: no training batch to apply; call "
+                "enqueue(batch, training=True) and dequeue() first"
+            )
+        if not pending.dequeued:
+            raise RuntimeError(
+                "EmbeddingEngine.apply_gradients: call dequeue() before apply_gradients()"
+            )
+        flat = nest.map_up_to(self._structure, gradients, "gradients", is_leaf=is_feature)
+        none = [f.name for f, g in zip(self._features, flat, strict=True) if g is None]
+        grads = [
+            self._check_gradient(f, b, g)
+            for f, b, g in zip(self._features, pending.batches, flat, strict=True)
+        ]
+        if none:
+            warnings.warn(
+                f"EmbeddingEngine.apply_gradients: no gradient for features {none}; zeros are "
+                "applied, which still update the looked-up rows of optimizers with state",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._update(pending.batches, grads)
+        self._pending = None
