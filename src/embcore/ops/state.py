@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from embcore.optimizers.base import Optimizer
 
-__all__ = ["TableState"]
+__all__ = ["TableState", "check_updatable"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,3 +27,17 @@ class TableState:
     weight: Tensor
     slots: dict[str, Tensor]
     optimizer: Optimizer | None
+
+
+def check_updatable(backend: str, states: Sequence[TableState], kernels: Container[type]) -> None:
+    """Raise before any work if a table has no optimizer, or one ``backend`` has no kernel for
+    (``kernels``: the optimizer classes it implements)."""
+    for state in states:
+        if state.optimizer is None:
+            raise RuntimeError(f"table '{state.name}' has no optimizer and cannot be updated")
+        if type(state.optimizer) not in kernels:
+            raise NotImplementedError(
+                f"embcore.ops.update: backend {backend!r} has no kernel for "
+                f"{type(state.optimizer).__name__} (table '{state.name}'); supported: "
+                f"{sorted(c.__name__ for c in kernels)}; use backend='reference'"
+            )

@@ -31,7 +31,7 @@ from embcore.ops.cpu import dedup, finite, gather, threads
 from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_table, table_table
 from embcore.ops.cpu.rules import RULES
 from embcore.ops.cpu.rules._rows import common_row, float32_rows
-from embcore.ops.state import TableState
+from embcore.ops.state import TableState, check_updatable
 
 __all__ = ["lookup", "non_finite", "update"]
 
@@ -150,15 +150,7 @@ def update(
     step: int,
 ) -> None:
     """One optimizer step for every table, on the rows its features touched (in place)."""
-    for state in states:
-        if state.optimizer is None:
-            raise RuntimeError(f"table '{state.name}' has no optimizer and cannot be updated")
-        if type(state.optimizer) not in RULES:
-            raise NotImplementedError(
-                f"embcore.ops.update: backend 'cpu' has no kernel for "
-                f"{type(state.optimizer).__name__} (table '{state.name}'); supported: "
-                f"{sorted(c.__name__ for c in RULES)}; use backend='reference'"
-            )
+    check_updatable("cpu", states, RULES)
     if not states:
         return
     keep: list[Tensor] = []

@@ -29,7 +29,7 @@ import triton
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
-from embcore.ops.state import TableState
+from embcore.ops.state import TableState, check_updatable
 from embcore.ops.triton import backward, forward, jagged
 from embcore.ops.triton.rules import RULES
 from embcore.ops.triton.storage import STORAGE_CODES, set_stochastic_rounding, stochastic_rounding
@@ -100,15 +100,8 @@ def update(
         lrs: per table, this step's learning rate.
         step: 1-based count of updates of the tables, this one included.
     """
+    check_updatable("triton", states, RULES)
     for state in states:
-        if state.optimizer is None:
-            raise RuntimeError(f"table '{state.name}' has no optimizer and cannot be updated")
-        if type(state.optimizer) not in RULES:
-            raise NotImplementedError(
-                f"embcore.ops.update: backend 'triton' has no kernel for "
-                f"{type(state.optimizer).__name__} (table '{state.name}'); supported: "
-                f"{sorted(c.__name__ for c in RULES)}; use backend='reference'"
-            )
         _check_table("update", state)
     for state, batches, table_grads, lr in zip(states, features, grads, lrs, strict=True):
         if not batches:  # a table always has features in the engine; nothing to do
