@@ -17,28 +17,78 @@ result equals the single-process step up to rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from embcore import ops
 from embcore.inputs import FeatureBatch
-from embcore.sharding.base import (
-    Piece,
-    ShardedTable,
-    UpdateJob,
-    contributions,
-    occurrences,
-)
+from embcore.sharding._wire import contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
+from embcore.sharding.schemes._base import Placement, Scheme, UpdateJob, served_by
+from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
+from embcore.sharding.schemes._piece import Piece
+
+if TYPE_CHECKING:
+    from embcore.sharding.plan import TableShard
 
 __all__ = ["DataParallel"]
 
 
-class DataParallel(ShardedTable):
+class DataParallel(Scheme):
     """A full replica of the table on every rank."""
 
     scheme = "data_parallel"
 
+    # ------------------------------------------------------------ the plan format
+    @classmethod
+    def check_in_plan(cls, table: str, shard: TableShard, world_size: int) -> None:
+        if shard.ranks != tuple(range(world_size)):
+            raise ValueError(
+                f"ShardingPlan: data-parallel table '{table}' must be on every rank "
+                f"{list(range(world_size))}, got {list(shard.ranks)}"
+            )
+
+    @classmethod
+    def describe(cls, shard: TableShard) -> str:
+        return "data_parallel on all"
+
+    # ------------------------------------------------------------------ planning
+    @classmethod
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[Placement]:
+        return [cls.on_every_rank(world)] if world > 1 else []
+
+    @classmethod
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[Placement] | None:
+        return None if arg else [cls.on_every_rank(world)]
+
+    @staticmethod
+    def on_every_rank(world: int) -> Placement:
+        """The one data-parallel placement on ``world`` ranks."""
+        return {"scheme": DataParallel.scheme, "ranks": list(range(world))}
+
+    @classmethod
+    def cost(cls, t: PlannedTable, shard: TableShard, world: int) -> Cost:
+        """A replica everywhere and a ring all-reduce of ``(vocab, dim + 1)`` floats."""
+        cost = Cost.zeros(world)
+        ring = 2 * (world - 1) / world * F32_BYTES * t.vocab * (t.dim + 1)
+        for r in range(world):
+            cost.memory[r] += t.bytes(t.vocab, t.dim)
+            cost.sent[r] += ring
+            cost.received[r] += ring
+        return cost
+
+    @classmethod
+    def lookup_load(
+        cls, shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """Each rank looks up its own batch in its replica."""
+        return served_by([rank], world_size)
+
+    # ------------------------------------------------------------------- runtime
     def piece(self, rank: int) -> Piece | None:
         return Piece.range(0, self.table.vocabulary_size, (0, self.table.dim))
 

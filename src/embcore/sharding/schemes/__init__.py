@@ -1,0 +1,56 @@
+"""The sharding schemes, one module each, and :data:`SCHEMES`: the one list of them.
+
+A scheme class owns all its knowledge (plan-format rules, planner candidates and overrides,
+cost, lookup load, and the step protocol); plans, the planner, the engine and the statistics
+look schemes up here. Adding a scheme is one module and one line below. See
+``docs/sharding.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from embcore.sharding.schemes._base import Placement, Scheme, ShardEnv, UpdateJob
+from embcore.sharding.schemes._cost import Cost, PlannedTable
+from embcore.sharding.schemes._piece import Piece
+from embcore.sharding.schemes.column_wise import ColumnWise
+from embcore.sharding.schemes.data_parallel import DataParallel
+from embcore.sharding.schemes.row_wise import RowWise
+from embcore.sharding.schemes.table_wise import TableWise
+
+if TYPE_CHECKING:
+    from embcore.sharding.plan import TableShard
+
+__all__ = [
+    "SCHEMES",
+    "ColumnWise",
+    "Cost",
+    "DataParallel",
+    "Piece",
+    "Placement",
+    "PlannedTable",
+    "RowWise",
+    "Scheme",
+    "ShardEnv",
+    "TableWise",
+    "UpdateJob",
+    "lookup_load",
+]
+
+#: Scheme name -> implementation, in the order the planner tries them (the first of equally
+#: good placements wins). The conformance list: shared tests run over every entry.
+SCHEMES: dict[str, type[Scheme]] = {
+    s.scheme: s for s in (TableWise, RowWise, ColumnWise, DataParallel)
+}
+
+
+def lookup_load(
+    shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The load function of one table placed by ``shard``, on rank ``rank``: ``ids (N,)
+    int64 -> (world_size,) int64`` id occurrences each rank serves (see
+    :meth:`Scheme.lookup_load`)."""
+    return SCHEMES[shard.scheme].lookup_load(shard, vocabulary_size, world_size, rank)
