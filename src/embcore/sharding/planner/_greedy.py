@@ -13,13 +13,13 @@ from embcore.sharding.plan import TableShard
 from embcore.sharding.planner._cost import cost
 from embcore.sharding.schemes import PlannedTable
 
-__all__ = ["ASSUMED_MEMORY_PER_RANK", "Placement"]
+__all__ = ["ASSUMED_MEMORY_PER_RANK", "GreedyPlacement"]
 
 #: The memory a rank is assumed to have for tables when ``memory_per_rank`` is not given.
 ASSUMED_MEMORY_PER_RANK = 16 << 30
 
 
-class Placement:
+class GreedyPlacement:
     """The tables placed so far, and the per-rank memory and traffic they add up to.
 
     Args:

@@ -13,7 +13,7 @@ from embcore._validate import check_int
 from embcore.optimizers.base import Optimizer
 from embcore.sharding.plan import ShardingPlan, TableShard
 from embcore.sharding.planner._cost import candidates, cost
-from embcore.sharding.planner._greedy import Placement
+from embcore.sharding.planner._greedy import GreedyPlacement
 from embcore.sharding.planner._replication import (
     REPLICATE_MAX_BYTES,
     REPLICATE_MIN_LOOKUPS_PER_ROW,
@@ -96,7 +96,7 @@ def plan(
     # C: the traffic of every table row-wise over all ranks, spread evenly.
     everyone = TableShard.row_wise(list(range(world))) if world > 1 else None
     comm_total = sum(sum(cost(t, everyone, world).sent) if everyone else 0.0 for t in tables)
-    placed = Placement(world, memory_per_rank, max(comm_total / world, 1.0))
+    placed = GreedyPlacement(world, memory_per_rank, max(comm_total / world, 1.0))
 
     verdicts = {
         r.table: r.replicate

@@ -2,8 +2,8 @@
 
 A scheme class owns all its knowledge (plan-format rules, planner candidates and overrides,
 cost, lookup load, and the step protocol); plans, the planner, the engine and the statistics
-look schemes up here. Adding a scheme is one module and one line below. See
-``docs/sharding.md``.
+look schemes up here. Adding a scheme is one module (a :class:`Scheme` subclass) and its entry
+in :data:`SCHEMES`. See ``docs/sharding.md``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embcore.sharding.schemes._base import Placement, Scheme, ShardEnv, UpdateJob
+from embcore.sharding.schemes._base import Scheme, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
 from embcore.sharding.schemes.column_wise import ColumnWise
@@ -30,10 +30,10 @@ __all__ = [
     "Cost",
     "DataParallel",
     "Piece",
-    "Placement",
     "PlannedTable",
     "RowWise",
     "Scheme",
+    "ShardDict",
     "ShardEnv",
     "TableWise",
     "UpdateJob",

@@ -30,11 +30,11 @@ from embcore.sharding.schemes._piece import Piece, initial_piece
 if TYPE_CHECKING:
     from embcore.sharding.plan import TableShard
 
-__all__ = ["Placement", "Scheme", "ShardEnv", "UpdateJob", "served_by"]
+__all__ = ["Scheme", "ShardDict", "ShardEnv", "UpdateJob", "served_by"]
 
 #: A placement in the plan format's dict form (``TableShard.to_dict()``), as the planning
 #: methods return it: the planner turns it into a ``TableShard``.
-Placement = dict[str, Any]
+ShardDict = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,12 @@ class Scheme(ABC):
     # ------------------------------------------------------------------ planning
     @classmethod
     @abstractmethod
-    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[Placement]:
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
         """The placements of this scheme the planner tries for ``t`` on ``world`` ranks."""
 
     @classmethod
     @abstractmethod
-    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[Placement] | None:
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict] | None:
         """The placements an override ``"<scheme>:<arg>"`` allows (``arg`` may be empty), or
         ``None`` if this scheme does not take ``arg``."""
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from embcore.config import ResolvedTable
 from embcore.sharding import maps
-from embcore.sharding.schemes._base import Placement, served_by
+from embcore.sharding.schemes._base import ShardDict, served_by
 from embcore.sharding.schemes._cost import PlannedTable
 from embcore.sharding.schemes.table_wise import TableWise
 
@@ -74,14 +74,14 @@ class ColumnWise(TableWise):
 
     # ------------------------------------------------------------------ planning
     @classmethod
-    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[Placement]:
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
         """All ranks, for element-wise tables at least ``min_column_width`` columns per rank."""
         if world > 1 and t.element_wise and t.dim >= world * min_column_width:
             return cls.parse_override("", t, world) or []
         return []
 
     @classmethod
-    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[Placement] | None:
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict] | None:
         """``column_wise``: over all ranks, the first ``dim % world`` shards one column wider."""
         if arg:
             return None

@@ -28,7 +28,7 @@ from embcore import ops
 from embcore.inputs import FeatureBatch
 from embcore.sharding._wire import contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.schemes._base import Placement, Scheme, UpdateJob, served_by
+from embcore.sharding.schemes._base import Scheme, ShardDict, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
 
@@ -58,15 +58,15 @@ class DataParallel(Scheme):
 
     # ------------------------------------------------------------------ planning
     @classmethod
-    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[Placement]:
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
         return [cls.on_every_rank(world)] if world > 1 else []
 
     @classmethod
-    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[Placement] | None:
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict] | None:
         return None if arg else [cls.on_every_rank(world)]
 
     @staticmethod
-    def on_every_rank(world: int) -> Placement:
+    def on_every_rank(world: int) -> ShardDict:
         """The one data-parallel placement on ``world`` ranks."""
         return {"scheme": DataParallel.scheme, "ranks": list(range(world))}
 

@@ -33,7 +33,7 @@ from embcore.inputs import FeatureBatch
 from embcore.sharding import maps
 from embcore.sharding._wire import F32, I64, contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.schemes._base import Placement, Scheme, ShardEnv, UpdateJob
+from embcore.sharding.schemes._base import Scheme, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
 
@@ -72,11 +72,11 @@ class RowWise(Scheme):
 
     # ------------------------------------------------------------------ planning
     @classmethod
-    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[Placement]:
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
         return cls.parse_override("", t, world) if world > 1 else []
 
     @classmethod
-    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[Placement]:
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict]:
         """``row_wise`` (``div``) or ``row_wise:<div|mod>``, over all ranks."""
         return [
             {"scheme": cls.scheme, "ranks": list(range(world)), "partition_strategy": arg or "div"}

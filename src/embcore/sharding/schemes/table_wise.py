@@ -30,7 +30,7 @@ from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.sharding._wire import F32, concat_batches, send_batch, take_batch
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.schemes._base import Placement, Scheme, ShardEnv, UpdateJob, served_by
+from embcore.sharding.schemes._base import Scheme, ShardDict, ShardEnv, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
 
@@ -59,11 +59,11 @@ class TableWise(Scheme):
 
     # ------------------------------------------------------------------ planning
     @classmethod
-    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[Placement]:
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
         return [{"scheme": cls.scheme, "ranks": [r]} for r in range(world)]
 
     @classmethod
-    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[Placement] | None:
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict] | None:
         """``table_wise`` (the planner picks the rank) or ``table_wise:<rank>``."""
         if arg:
             return [{"scheme": cls.scheme, "ranks": [int(arg)]}]
