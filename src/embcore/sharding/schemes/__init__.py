@@ -9,20 +9,16 @@ in :data:`SCHEMES`. See ``docs/sharding.md``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embcore.sharding.schemes._base import Scheme, ShardDict, ShardEnv, UpdateJob
+from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
 from embcore.sharding.schemes.column_wise import ColumnWise
 from embcore.sharding.schemes.data_parallel import DataParallel
 from embcore.sharding.schemes.row_wise import RowWise
 from embcore.sharding.schemes.table_wise import TableWise
-
-if TYPE_CHECKING:
-    from embcore.sharding.plan import TableShard
 
 __all__ = [
     "SCHEMES",
@@ -33,6 +29,7 @@ __all__ = [
     "PlannedTable",
     "RowWise",
     "Scheme",
+    "Shard",
     "ShardDict",
     "ShardEnv",
     "TableWise",
@@ -48,7 +45,7 @@ SCHEMES: dict[str, type[Scheme]] = {
 
 
 def lookup_load(
-    shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+    shard: Shard, vocabulary_size: int, world_size: int, rank: int
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The load function of one table placed by ``shard``, on rank ``rank``: ``ids (N,)
     int64 -> (world_size,) int64`` id occurrences each rank serves (see

@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -27,14 +27,26 @@ from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece, initial_piece
 
-if TYPE_CHECKING:
-    from embcore.sharding.plan import TableShard
-
-__all__ = ["Scheme", "ShardDict", "ShardEnv", "UpdateJob", "served_by"]
+__all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "served_by"]
 
 #: A placement in the plan format's dict form (``TableShard.to_dict()``), as the planning
 #: methods return it: the planner turns it into a ``TableShard``.
 ShardDict = dict[str, Any]
+
+
+class Shard(Protocol):
+    """What a scheme reads of a placement: a :class:`~embcore.sharding.plan.TableShard`
+    (declared here so that the schemes do not depend on the plan format built on them)."""
+
+    @property
+    def scheme(self) -> str: ...
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+    @property
+    def partition_strategy(self) -> str | None: ...
+    @property
+    def column_sizes(self) -> tuple[int, ...] | None: ...
+    def column_bounds(self, dim: int) -> list[tuple[int, int]]: ...
 
 
 @dataclass(frozen=True)
@@ -86,22 +98,22 @@ class Scheme(ABC):
 
     # ------------------------------------------------------------ the plan format
     @classmethod  # noqa: B027
-    def check_shard(cls, owner: str, shard: TableShard) -> None:
+    def check_shard(cls, owner: str, shard: Shard) -> None:
         """Raise ``ValueError`` (prefixed by ``owner``) unless ``shard``'s ranks and fields
         suit this scheme. ``ranks`` are already distinct ints."""
 
     @classmethod  # noqa: B027
-    def check_in_plan(cls, table: str, shard: TableShard, world_size: int) -> None:
+    def check_in_plan(cls, table: str, shard: Shard, world_size: int) -> None:
         """Raise ``ValueError`` unless ``shard`` may place ``table`` in a plan for
         ``world_size`` ranks (its ranks are already inside the world)."""
 
     @classmethod  # noqa: B027
-    def check_table(cls, shard: TableShard, table: ResolvedTable) -> None:
+    def check_table(cls, shard: Shard, table: ResolvedTable) -> None:
         """Raise ``ValueError`` unless ``shard`` suits the table (dim, optimizer)."""
 
     @classmethod
     @abstractmethod
-    def describe(cls, shard: TableShard) -> str:
+    def describe(cls, shard: Shard) -> str:
         """Short human form of a placement: ``row_wise(div) on 0,1``."""
 
     # ------------------------------------------------------------------ planning
@@ -118,21 +130,21 @@ class Scheme(ABC):
 
     @classmethod
     @abstractmethod
-    def cost(cls, t: PlannedTable, shard: TableShard, world: int) -> Cost:
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
         """Per-rank memory and per-step traffic of ``t`` placed by ``shard``, following the
         scheme's protocol."""
 
     @classmethod
     @abstractmethod
     def lookup_load(
-        cls, shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
     ) -> Callable[[np.ndarray], np.ndarray]:
         """The load function of one table on rank ``rank``: ``ids (N,) int64 -> (world_size,)
         int64`` id occurrences each rank serves when ``rank`` looks up ``ids`` (what the
         lookup statistics record as ``shard_load``)."""
 
     # ------------------------------------------------------------------- runtime
-    def __init__(self, table: ResolvedTable, shard: TableShard, env: ShardEnv) -> None:
+    def __init__(self, table: ResolvedTable, shard: Shard, env: ShardEnv) -> None:
         self.table = table
         self.shard = shard
         self.env = env

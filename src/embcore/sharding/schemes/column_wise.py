@@ -13,18 +13,14 @@ pooled activations cost more than their ids.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embcore.config import ResolvedTable
 from embcore.sharding import maps
-from embcore.sharding.schemes._base import ShardDict, served_by
+from embcore.sharding.schemes._base import Shard, ShardDict, served_by
 from embcore.sharding.schemes._cost import PlannedTable
 from embcore.sharding.schemes.table_wise import TableWise
-
-if TYPE_CHECKING:
-    from embcore.sharding.plan import TableShard
 
 __all__ = ["ColumnWise"]
 
@@ -40,7 +36,7 @@ class ColumnWise(TableWise):
 
     # ------------------------------------------------------------ the plan format
     @classmethod
-    def check_shard(cls, owner: str, shard: TableShard) -> None:
+    def check_shard(cls, owner: str, shard: Shard) -> None:
         sizes = shard.column_sizes or ()
         if len(sizes) != len(shard.ranks):
             raise ValueError(
@@ -49,7 +45,7 @@ class ColumnWise(TableWise):
             )
 
     @classmethod
-    def check_table(cls, shard: TableShard, table: ResolvedTable) -> None:
+    def check_table(cls, shard: Shard, table: ResolvedTable) -> None:
         """The column shards cover the dim, and the optimizer is element-wise (a row-wise
         slot such as RowwiseAdagrad's needs whole rows)."""
         if sum(shard.column_sizes or ()) != table.dim:
@@ -68,7 +64,7 @@ class ColumnWise(TableWise):
             )
 
     @classmethod
-    def describe(cls, shard: TableShard) -> str:
+    def describe(cls, shard: Shard) -> str:
         sizes = "+".join(map(str, shard.column_sizes or ()))
         return f"column_wise({sizes}) on {','.join(map(str, shard.ranks))}"
 
@@ -90,7 +86,7 @@ class ColumnWise(TableWise):
 
     @classmethod
     def lookup_load(
-        cls, shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
     ) -> Callable[[np.ndarray], np.ndarray]:
         """Every column owner serves every id (its columns of the row)."""
         return served_by(list(shard.ranks), world_size)

@@ -18,7 +18,6 @@ result equals the single-process step up to rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,12 +27,9 @@ from embcore import ops
 from embcore.inputs import FeatureBatch
 from embcore.sharding._wire import contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.schemes._base import Scheme, ShardDict, UpdateJob, served_by
+from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
-
-if TYPE_CHECKING:
-    from embcore.sharding.plan import TableShard
 
 __all__ = ["DataParallel"]
 
@@ -45,7 +41,7 @@ class DataParallel(Scheme):
 
     # ------------------------------------------------------------ the plan format
     @classmethod
-    def check_in_plan(cls, table: str, shard: TableShard, world_size: int) -> None:
+    def check_in_plan(cls, table: str, shard: Shard, world_size: int) -> None:
         if shard.ranks != tuple(range(world_size)):
             raise ValueError(
                 f"ShardingPlan: data-parallel table '{table}' must be on every rank "
@@ -53,7 +49,7 @@ class DataParallel(Scheme):
             )
 
     @classmethod
-    def describe(cls, shard: TableShard) -> str:
+    def describe(cls, shard: Shard) -> str:
         return "data_parallel on all"
 
     # ------------------------------------------------------------------ planning
@@ -71,7 +67,7 @@ class DataParallel(Scheme):
         return {"scheme": DataParallel.scheme, "ranks": list(range(world))}
 
     @classmethod
-    def cost(cls, t: PlannedTable, shard: TableShard, world: int) -> Cost:
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
         """A replica everywhere and a ring all-reduce of ``(vocab, dim + 1)`` floats."""
         cost = Cost.zeros(world)
         ring = 2 * (world - 1) / world * F32_BYTES * t.vocab * (t.dim + 1)
@@ -83,7 +79,7 @@ class DataParallel(Scheme):
 
     @classmethod
     def lookup_load(
-        cls, shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
     ) -> Callable[[np.ndarray], np.ndarray]:
         """Each rank looks up its own batch in its replica."""
         return served_by([rank], world_size)

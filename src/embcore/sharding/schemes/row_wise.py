@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,12 +32,9 @@ from embcore.inputs import FeatureBatch
 from embcore.sharding import maps
 from embcore.sharding._wire import F32, I64, contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.schemes._base import Scheme, ShardDict, ShardEnv, UpdateJob
+from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
-
-if TYPE_CHECKING:
-    from embcore.sharding.plan import TableShard
 
 __all__ = ["RowWise"]
 
@@ -59,7 +55,7 @@ class RowWise(Scheme):
 
     # ------------------------------------------------------------ the plan format
     @classmethod
-    def check_shard(cls, owner: str, shard: TableShard) -> None:
+    def check_shard(cls, owner: str, shard: Shard) -> None:
         if shard.partition_strategy not in maps.STRATEGIES:
             raise ValueError(
                 f"{owner}: partition_strategy must be one of {list(maps.STRATEGIES)}, got "
@@ -67,7 +63,7 @@ class RowWise(Scheme):
             )
 
     @classmethod
-    def describe(cls, shard: TableShard) -> str:
+    def describe(cls, shard: Shard) -> str:
         return f"row_wise({shard.partition_strategy}) on {','.join(map(str, shard.ranks))}"
 
     # ------------------------------------------------------------------ planning
@@ -83,7 +79,7 @@ class RowWise(Scheme):
         ]
 
     @classmethod
-    def cost(cls, t: PlannedTable, shard: TableShard, world: int) -> Cost:
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
         """The unique ids to fetch and their rows back, then every occurrence's (row,
         contribution) in the backward; each shard's share in proportion to its rows."""
         cost = Cost.zeros(world)
@@ -105,7 +101,7 @@ class RowWise(Scheme):
 
     @classmethod
     def lookup_load(
-        cls, shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
     ) -> Callable[[np.ndarray], np.ndarray]:
         """Each id on the rank of its ``div``/``mod`` shard: shard ``p`` lives on
         ``ranks[p]``; ranks outside ``ranks`` serve nothing."""
@@ -119,7 +115,7 @@ class RowWise(Scheme):
         return load
 
     # ------------------------------------------------------------------- runtime
-    def __init__(self, table: ResolvedTable, shard: TableShard, env: ShardEnv) -> None:
+    def __init__(self, table: ResolvedTable, shard: Shard, env: ShardEnv) -> None:
         self.strategy = str(shard.partition_strategy)
         self.num_shards = len(shard.ranks)
         self.owner = list(shard.ranks)

@@ -19,7 +19,6 @@ The owner's work is written for any set of column slices, so column-wise shardin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,12 +29,9 @@ from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.sharding._wire import F32, concat_batches, send_batch, take_batch
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.schemes._base import Scheme, ShardDict, ShardEnv, UpdateJob, served_by
+from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
-
-if TYPE_CHECKING:
-    from embcore.sharding.plan import TableShard
 
 __all__ = ["TableWise"]
 
@@ -47,14 +43,14 @@ class TableWise(Scheme):
 
     # ------------------------------------------------------------ the plan format
     @classmethod
-    def check_shard(cls, owner: str, shard: TableShard) -> None:
+    def check_shard(cls, owner: str, shard: Shard) -> None:
         if len(shard.ranks) != 1:
             raise ValueError(
                 f"{owner}: a table-wise table lives on exactly one rank, got {shard.ranks}"
             )
 
     @classmethod
-    def describe(cls, shard: TableShard) -> str:
+    def describe(cls, shard: Shard) -> str:
         return f"table_wise on {','.join(map(str, shard.ranks))}"
 
     # ------------------------------------------------------------------ planning
@@ -70,7 +66,7 @@ class TableWise(Scheme):
         return cls.candidates(t, world, 0)
 
     @classmethod
-    def cost(cls, t: PlannedTable, shard: TableShard, world: int) -> Cost:
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
         """Forward: the batch goes out, activations come back; backward: the batch again with
         its activation gradients. Column-wise: the same once per column slice."""
         cost = Cost.zeros(world)
@@ -90,13 +86,13 @@ class TableWise(Scheme):
 
     @classmethod
     def lookup_load(
-        cls, shard: TableShard, vocabulary_size: int, world_size: int, rank: int
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
     ) -> Callable[[np.ndarray], np.ndarray]:
         """Every id on the owner rank."""
         return served_by([shard.ranks[0]], world_size)
 
     # ------------------------------------------------------------------- runtime
-    def __init__(self, table: ResolvedTable, shard: TableShard, env: ShardEnv) -> None:
+    def __init__(self, table: ResolvedTable, shard: Shard, env: ShardEnv) -> None:
         #: (rank, (lo, hi)) of every column slice; one slice of all columns for table-wise.
         self.owners = list(zip(shard.ranks, shard.column_bounds(table.dim), strict=True))
         super().__init__(table, shard, env)
