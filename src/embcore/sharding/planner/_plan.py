@@ -20,7 +20,7 @@ from embcore.sharding.planner._replication import (
     replication,
 )
 from embcore.sharding.planner._tables import planned_tables, resolved
-from embcore.sharding.schemes import SCHEMES, PlannedTable
+from embcore.sharding.schemes import SCHEMES, DataParallel, PlannedTable
 
 __all__ = ["plan"]
 
@@ -122,6 +122,6 @@ def plan(
         if t.name not in placed.chosen:
             options = candidates(t, world, min_column_width)
             if t.name in verdicts:  # the rule has decided against replicating it
-                options = [o for o in options if o.scheme != "data_parallel"]
+                options = [o for o in options if o.scheme != DataParallel.scheme]
             placed.place(t, options)
     return ShardingPlan(world_size=world, tables={n: placed.chosen[n] for n in names})

@@ -15,7 +15,7 @@ from embcore._validate import check_int
 from embcore.optimizers.base import Optimizer
 from embcore.sharding.planner._cost import candidates, cost
 from embcore.sharding.planner._tables import planned_tables, resolved
-from embcore.sharding.schemes import PlannedTable
+from embcore.sharding.schemes import DataParallel, PlannedTable
 
 __all__ = [
     "REPLICATE_MAX_BYTES",
@@ -64,7 +64,7 @@ def _verdict(
         shard.scheme: sum(cost(t, shard, world).sent)
         for shard in candidates(t, world, min_column_width)
     }
-    replicated = sent.pop("data_parallel", 0.0)
+    replicated = sent.pop(DataParallel.scheme, 0.0)
     sharded = min(sent.values())
     if world == 1:
         verdict, reason = False, "one rank"
