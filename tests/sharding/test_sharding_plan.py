@@ -248,6 +248,29 @@ def test_every_schemes_candidates_and_overrides_are_valid_placements():
                 assert sum(cost.sent) == pytest.approx(sum(cost.received))
 
 
+def test_a_scheme_added_to_the_registry_is_planned_without_other_edits(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from embcore.sharding.schemes import SCHEMES, TableWise
+
+    class Pinned(TableWise):  # a new scheme: table-wise, but only ever on the last rank
+        scheme = "pinned"
+
+        @classmethod
+        def candidates(cls, t, world, min_column_width):
+            return [{"scheme": cls.scheme, "ranks": [world - 1]}]
+
+    monkeypatch.setitem(SCHEMES, "pinned", Pinned)
+    shard = TableShard(scheme="pinned", ranks=(2,))
+    assert shard.describe() == "pinned on 2" and TableShard.from_dict(shard.to_dict()) == shard
+    fc = features(("a", 1000, 16), ("b", 10, 4))
+    p = plan(fc, 3, overrides={"a": "pinned:1", "b": "pinned"})
+    assert p["a"] == TableShard(scheme="pinned", ranks=(1,))
+    assert p["b"] == TableShard(scheme="pinned", ranks=(2,))
+    ranks, _ = estimate(p, fc)
+    assert [r.memory_bytes for r in ranks] == [0, 1000 * 16 * 4, 10 * 4 * 4]
+
+
 # ------------------------------------------------------------------------------- CLI
 def test_cli_plan_prints_placements_and_per_rank_costs(capsys: pytest.CaptureFixture[str]):
     assert main(["plan", "--workload", "W1", "--world-size", "2"]) == 0

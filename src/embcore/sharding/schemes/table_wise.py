@@ -51,7 +51,7 @@ class TableWise(Scheme):
 
     @classmethod
     def describe(cls, shard: Shard) -> str:
-        return f"table_wise on {','.join(map(str, shard.ranks))}"
+        return f"{cls.scheme} on {','.join(map(str, shard.ranks))}"
 
     # ------------------------------------------------------------------ planning
     @classmethod
