@@ -8,6 +8,7 @@ the plan check.
 
 The ids of a feature travel to every column shard, so this pays off for wide tables whose
 pooled activations cost more than their ids.
+See ``docs/sharding.md`` ("Sharding schemes").
 """
 
 from __future__ import annotations

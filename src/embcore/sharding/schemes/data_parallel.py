@@ -13,6 +13,7 @@ gradients cancel to zero still counts as touched (SPEC 3.1). The dense buffer co
 ``vocab * (dim + 1)`` floats per step, which is why the planner keeps this scheme for small
 tables. Summing per rank before the all-reduce changes the order of float additions, so the
 result equals the single-process step up to rounding.
+See ``docs/sharding.md`` ("Sharding schemes").
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@
 Sending contributions per occurrence (not pre-summed per rank) keeps each row's sum in the
 single-process order; a shard with no rows (vocabulary smaller than the number of shards) takes
 part in the protocol with empty messages.
+See ``docs/sharding.md`` ("Sharding schemes").
 """
 
 from __future__ import annotations

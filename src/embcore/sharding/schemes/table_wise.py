@@ -14,6 +14,7 @@ between a lookup and its update.
 
 The owner's work is written for any set of column slices, so column-wise sharding
 (:mod:`embcore.sharding.schemes.column_wise`) is this scheme once per column shard.
+See ``docs/sharding.md`` ("Sharding schemes").
 """
 
 from __future__ import annotations
