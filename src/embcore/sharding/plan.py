@@ -51,8 +51,8 @@ class TableShard:
         ranks: the ranks holding the table: one rank for ``table_wise``; the rank of each row
             shard (shard p on ``ranks[p]``) for ``row_wise``; the rank of each column shard for
             ``column_wise``; every rank, in order, for ``data_parallel``. Distinct.
-        partition_strategy: ``"div"`` or ``"mod"`` for ``row_wise`` (SPEC 4.1); ``None``
-            otherwise.
+        partition_strategy: ``"div"`` or ``"mod"`` for ``row_wise`` (``docs/semantics.md``
+            §4.1); ``None`` otherwise.
         column_sizes: for ``column_wise``, the width of each column shard (one per rank, left
             to right, summing to the table's dim); ``None`` otherwise.
 

@@ -66,7 +66,7 @@ def initial_piece(
     table: ResolvedTable, seed: int, piece: Piece, device: torch.device
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """A piece's initial weight and slots: exactly its rows and columns of the full table's
-    initial value (SPEC pitfall 27), whatever the sharding."""
+    initial value (``docs/semantics.md`` §6, pitfall 27), whatever the sharding."""
     weight = _initial_weight(table, seed, piece).to(device=device, dtype=F32).contiguous()
     opt = table.optimizer
     if opt is None:

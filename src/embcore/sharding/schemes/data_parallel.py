@@ -9,10 +9,10 @@
               that any rank touched, identically
 
 A row touched only on another rank is still updated on this replica, and a touched row whose
-gradients cancel to zero still counts as touched (SPEC 3.1). The dense buffer costs
-``vocab * (dim + 1)`` floats per step, which is why the planner keeps this scheme for small
-tables. Summing per rank before the all-reduce changes the order of float additions, so the
-result equals the single-process step up to rounding.
+gradients cancel to zero still counts as touched (``docs/semantics.md`` §3.1). The dense
+buffer costs ``vocab * (dim + 1)`` floats per step, which is why the planner keeps this scheme
+for small tables. Summing per rank before the all-reduce changes the order of float additions,
+so the result equals the single-process step up to rounding.
 See ``docs/sharding.md`` ("Sharding schemes").
 """
 
@@ -123,7 +123,8 @@ class DataParallel(Scheme):
         return mine.clone()
 
     def save_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
-        return super().save_chunks(name) if self.rank == 0 else []  # one copy (SPEC 5.1)
+        # One copy of a replicated table (docs/semantics.md §5.1).
+        return super().save_chunks(name) if self.rank == 0 else []
 
     def load_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
         return super().save_chunks(name)  # every replica reads the whole tensor

@@ -1,4 +1,6 @@
-"""Row-wise sharding: rows split over ranks by the ``div`` or ``mod`` map (SPEC 4.1).
+"""Row-wise sharding: rows split over ranks by the ``div`` or ``mod`` map.
+
+The maps are ``docs/semantics.md`` §4.1 (:mod:`embcore.sharding.maps`).
 
 ::
 
@@ -231,8 +233,8 @@ class RowWise(Scheme):
     def save_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
         if self.strategy == "div":
             return super().save_chunks(name)
-        # A checkpoint holds the plain (vocab, dim) table (SPEC pitfall 22): write mod shards
-        # as the contiguous div shards they would be.
+        # A checkpoint holds the plain (vocab, dim) table (docs/semantics.md §6, pitfall 22):
+        # write mod shards as the contiguous div shards they would be.
         laid = self._move(self.local(name), "mod", "div")
         if laid is None or laid.numel() == 0:
             return []
