@@ -7,8 +7,8 @@ About 3% of batches are sampled (configurable). For each table, a sampled batch 
 * its id counts to a bounded heavy-hitter sketch (Misra-Gries, mergeable): every id whose true
   count exceeds ``total / (capacity + 1)`` is kept, and each kept count is an underestimate by
   at most that much;
-* the lookups each rank serves under the current placement (``load_of``; see
-  :mod:`embcore.sharding.load` for what load means per scheme).
+* the lookups each rank serves under the current placement (``load_of``; each scheme's
+  :meth:`~embcore.sharding.schemes.Scheme.lookup_load` says what load means for it).
 
 Statistics never change numerics. Each table's statistics go to one JSON file, written
 atomically, named by a hash of the table's parameters and of the global configuration

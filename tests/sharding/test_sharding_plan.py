@@ -216,6 +216,61 @@ def test_one_rank_plans_everything_table_wise_on_rank_0():
     assert all(s == TableShard.table_wise(0) for s in p.tables.values())
 
 
+def test_planner_does_not_resolve_a_resolved_config_again(monkeypatch: pytest.MonkeyPatch):
+    fc = features(("big", 1_000_000, 64), ("tiny", 10, 64))
+    want = plan(fc, 2, optimizer=ADAGRAD, stats={"tiny": {"ids_per_example": 5}})
+    want_estimate = estimate(want, fc, optimizer=ADAGRAD)
+    config = ec.config.resolve(fc, ADAGRAD)
+
+    def no_resolve(*args: object) -> None:
+        raise AssertionError("resolved again")
+
+    monkeypatch.setattr("embcore.sharding.planner._tables.resolve", no_resolve)
+    assert plan(config, 2, stats={"tiny": {"ids_per_example": 5}}) == want
+    assert estimate(want, config) == want_estimate
+
+
+def test_every_schemes_candidates_and_overrides_are_valid_placements():
+    from embcore.sharding.planner._tables import planned_tables
+
+    fc = features(("wide", 1000, 96))
+    (t,) = planned_tables(ec.config.resolve(fc, ADAGRAD), 16, None)
+    for world in (1, 2, 3):
+        for name, scheme in ec.sharding.SCHEMES.items():
+            for placement in scheme.candidates(t, world, 32) + (
+                scheme.parse_override("", t, world) or []
+            ):
+                shard = TableShard.from_dict(placement)
+                assert shard.scheme == name and shard.describe().startswith(name)
+                ShardingPlan(world_size=world, tables={"wide": shard})
+                cost = scheme.cost(t, shard, world)
+                assert len(cost.memory) == len(cost.sent) == len(cost.received) == world
+                assert sum(cost.sent) == pytest.approx(sum(cost.received))
+
+
+def test_a_scheme_added_to_the_registry_is_planned_without_other_edits(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from embcore.sharding.schemes import SCHEMES, TableWise
+
+    class Pinned(TableWise):  # a new scheme: table-wise, but only ever on the last rank
+        scheme = "pinned"
+
+        @classmethod
+        def candidates(cls, t, world, min_column_width):
+            return [{"scheme": cls.scheme, "ranks": [world - 1]}]
+
+    monkeypatch.setitem(SCHEMES, "pinned", Pinned)
+    shard = TableShard(scheme="pinned", ranks=(2,))
+    assert shard.describe() == "pinned on 2" and TableShard.from_dict(shard.to_dict()) == shard
+    fc = features(("a", 1000, 16), ("b", 10, 4))
+    p = plan(fc, 3, overrides={"a": "pinned:1", "b": "pinned"})
+    assert p["a"] == TableShard(scheme="pinned", ranks=(1,))
+    assert p["b"] == TableShard(scheme="pinned", ranks=(2,))
+    ranks, _ = estimate(p, fc)
+    assert [r.memory_bytes for r in ranks] == [0, 1000 * 16 * 4, 10 * 4 * 4]
+
+
 # ------------------------------------------------------------------------------- CLI
 def test_cli_plan_prints_placements_and_per_rank_costs(capsys: pytest.CaptureFixture[str]):
     assert main(["plan", "--workload", "W1", "--world-size", "2"]) == 0

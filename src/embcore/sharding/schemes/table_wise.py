@@ -13,39 +13,87 @@ Sending the ids again in the backward costs ``12 bytes per id`` but leaves nothi
 between a lookup and its update.
 
 The owner's work is written for any set of column slices, so column-wise sharding
-(:mod:`embcore.sharding.column_wise`) is this scheme once per column shard.
+(:mod:`embcore.sharding.schemes.column_wise`) is this scheme once per column shard.
+See ``docs/sharding.md`` ("Sharding schemes").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
-from embcore.sharding.base import (
-    F32,
-    Piece,
-    ShardedTable,
-    ShardEnv,
-    UpdateJob,
-    concat_batches,
-    send_batch,
-    take_batch,
-)
+from embcore.sharding._wire import F32, concat_batches, send_batch, take_batch
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.spec import TableShard
+from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob, served_by
+from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
+from embcore.sharding.schemes._piece import Piece
 
 __all__ = ["TableWise"]
 
 
-class TableWise(ShardedTable):
+class TableWise(Scheme):
     """A table on one rank (or, as :class:`ColumnWise`, each column slice on one rank)."""
 
     scheme = "table_wise"
 
-    def __init__(self, table: ResolvedTable, shard: TableShard, env: ShardEnv) -> None:
+    # ------------------------------------------------------------ the plan format
+    @classmethod
+    def check_shard(cls, owner: str, shard: Shard) -> None:
+        if len(shard.ranks) != 1:
+            raise ValueError(
+                f"{owner}: a table-wise table lives on exactly one rank, got {shard.ranks}"
+            )
+
+    @classmethod
+    def describe(cls, shard: Shard) -> str:
+        return f"{cls.scheme} on {','.join(map(str, shard.ranks))}"
+
+    # ------------------------------------------------------------------ planning
+    @classmethod
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
+        return [{"scheme": cls.scheme, "ranks": [r]} for r in range(world)]
+
+    @classmethod
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict] | None:
+        """``table_wise`` (the planner picks the rank) or ``table_wise:<rank>``."""
+        if arg:
+            return [{"scheme": cls.scheme, "ranks": [int(arg)]}]
+        return cls.candidates(t, world, 0)
+
+    @classmethod
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
+        """Forward: the batch goes out, activations come back; backward: the batch again with
+        its activation gradients. Column-wise: the same once per column slice."""
+        cost = Cost.zeros(world)
+        mem, sent, recv = cost
+        for owner, (lo, hi) in zip(shard.ranks, shard.column_bounds(t.dim), strict=True):
+            mem[owner] += t.bytes(t.vocab, hi - lo)
+            acts = F32_BYTES * t.samples * (hi - lo)
+            for r in range(world):
+                if r == owner:
+                    continue
+                out, back = 2 * t.batch_message + acts, acts
+                sent[r] += out
+                recv[owner] += out
+                sent[owner] += back
+                recv[r] += back
+        return cost
+
+    @classmethod
+    def lookup_load(
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """Every id on the owner rank."""
+        return served_by([shard.ranks[0]], world_size)
+
+    # ------------------------------------------------------------------- runtime
+    def __init__(self, table: ResolvedTable, shard: Shard, env: ShardEnv) -> None:
         #: (rank, (lo, hi)) of every column slice; one slice of all columns for table-wise.
         self.owners = list(zip(shard.ranks, shard.column_bounds(table.dim), strict=True))
         super().__init__(table, shard, env)

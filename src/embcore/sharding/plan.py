@@ -1,17 +1,9 @@
-"""Sharding specs: where each table lives (:class:`TableShard`) and a whole :class:`ShardingPlan`.
+"""Sharding plans: where each table lives (:class:`TableShard`) and a whole :class:`ShardingPlan`.
 
-Specs are frozen, validate themselves and round-trip through JSON, so a plan can be computed
-once (``embcore plan``), reviewed, stored next to a checkpoint and handed to every rank.
-
-The four schemes (one module each under ``embcore.sharding``):
-
-=================  ==========================================================================
-``table_wise``     the whole table on one rank, which looks up every rank's ids
-``row_wise``       rows split over ``ranks`` by the ``div`` or ``mod`` map (SPEC 4.1)
-``column_wise``    columns split over ``ranks`` (``column_sizes`` wide each); each owner looks
-                   up every rank's ids in its columns
-``data_parallel``  a replica on every rank; per-row gradients are summed over ranks
-=================  ==========================================================================
+Plans are frozen, validate themselves and round-trip through JSON, so a plan can be computed
+once (``embcore plan``), reviewed, stored next to a checkpoint and handed to every rank. The
+scheme names and each scheme's rules come from :data:`~embcore.sharding.schemes.SCHEMES`; see
+``docs/sharding.md``.
 """
 
 from __future__ import annotations
@@ -25,11 +17,18 @@ from types import MappingProxyType
 from typing import Any
 
 from embcore.config import ResolvedTable
-from embcore.sharding.maps import STRATEGIES
+from embcore.sharding.schemes import SCHEMES, Scheme
 
-__all__ = ["SCHEMES", "ShardingPlan", "TableShard"]
+__all__ = ["ShardingPlan", "TableShard"]
 
-SCHEMES: tuple[str, ...] = ("table_wise", "row_wise", "column_wise", "data_parallel")
+#: The optional TableShard fields; a scheme that does not list one in its ``shard_fields``
+#: requires it to be ``None``.
+_OPTIONAL_FIELDS = ("partition_strategy", "column_sizes")
+
+
+def _fingerprint(text: str) -> int:
+    """A 64-bit fingerprint of ``text``, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest())
 
 
 def _int_tuple(owner: str, name: str, value: Any, minimum: int) -> tuple[int, ...]:
@@ -48,12 +47,12 @@ class TableShard:
     """How one table is placed on the ranks of a process group.
 
     Args:
-        scheme: one of :data:`SCHEMES`.
+        scheme: a name in :data:`~embcore.sharding.schemes.SCHEMES`.
         ranks: the ranks holding the table: one rank for ``table_wise``; the rank of each row
             shard (shard p on ``ranks[p]``) for ``row_wise``; the rank of each column shard for
             ``column_wise``; every rank, in order, for ``data_parallel``. Distinct.
-        partition_strategy: ``"div"`` or ``"mod"`` for ``row_wise`` (SPEC 4.1); ``None``
-            otherwise.
+        partition_strategy: ``"div"`` or ``"mod"`` for ``row_wise`` (``docs/semantics.md``
+            §4.1); ``None`` otherwise.
         column_sizes: for ``column_wise``, the width of each column shard (one per rank, left
             to right, summing to the table's dim); ``None`` otherwise.
 
@@ -68,7 +67,7 @@ class TableShard:
 
     def __post_init__(self) -> None:
         owner = f"TableShard(scheme={self.scheme!r})"
-        if self.scheme not in SCHEMES:
+        if not isinstance(self.scheme, str) or self.scheme not in SCHEMES:
             raise ValueError(f"{owner}: scheme must be one of {list(SCHEMES)}, got {self.scheme!r}")
         ranks = _int_tuple(owner, "ranks", self.ranks, minimum=0)
         if not ranks or len(set(ranks)) != len(ranks):
@@ -76,31 +75,21 @@ class TableShard:
                 f"{owner}: ranks must be a non-empty list of distinct ranks, got {ranks}"
             )
         object.__setattr__(self, "ranks", ranks)
-        if self.scheme == "table_wise" and len(ranks) != 1:
-            raise ValueError(f"{owner}: a table-wise table lives on exactly one rank, got {ranks}")
-        if self.scheme == "row_wise":
-            if self.partition_strategy not in STRATEGIES:
-                raise ValueError(
-                    f"{owner}: partition_strategy must be one of {list(STRATEGIES)}, got "
-                    f"{self.partition_strategy!r}"
-                )
-        elif self.partition_strategy is not None:
-            raise ValueError(
-                f"{owner}: partition_strategy applies to row_wise only, got "
-                f"{self.partition_strategy!r}"
-            )
-        if self.scheme == "column_wise":
+        scheme = self.scheme_class
+        if "column_sizes" in scheme.shard_fields:
             sizes = _int_tuple(owner, "column_sizes", self.column_sizes or (), minimum=1)
-            if len(sizes) != len(ranks):
-                raise ValueError(
-                    f"{owner}: column_sizes needs one width per rank ({len(ranks)}), got "
-                    f"{list(sizes)}"
-                )
             object.__setattr__(self, "column_sizes", sizes)
-        elif self.column_sizes is not None:
-            raise ValueError(
-                f"{owner}: column_sizes applies to column_wise only, got {self.column_sizes!r}"
-            )
+        scheme.check_shard(owner, self)
+        for name in _OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if name not in scheme.shard_fields and value is not None:
+                users = " and ".join(n for n, s in SCHEMES.items() if name in s.shard_fields)
+                raise ValueError(f"{owner}: {name} applies to {users} only, got {value!r}")
+
+    @property
+    def scheme_class(self) -> type[Scheme]:
+        """The implementation of :attr:`scheme`."""
+        return SCHEMES[self.scheme]
 
     # ----------------------------------------------------------------- constructors
     @classmethod
@@ -161,14 +150,7 @@ class TableShard:
 
     def describe(self) -> str:
         """Short human form: ``row_wise(div) on 0,1``."""
-        ranks = ",".join(map(str, self.ranks))
-        if self.scheme == "row_wise":
-            return f"row_wise({self.partition_strategy}) on {ranks}"
-        if self.scheme == "column_wise":
-            return f"column_wise({'+'.join(map(str, self.column_sizes or ()))}) on {ranks}"
-        if self.scheme == "data_parallel":
-            return "data_parallel on all"
-        return f"table_wise on {ranks}"
+        return self.scheme_class.describe(self)
 
 
 @dataclass(frozen=True)
@@ -206,11 +188,7 @@ class ShardingPlan:
                     f"ShardingPlan: table '{name}' is placed on ranks {list(shard.ranks)}, but "
                     f"the world has ranks 0..{self.world_size - 1}"
                 )
-            if shard.scheme == "data_parallel" and shard.ranks != tuple(range(self.world_size)):
-                raise ValueError(
-                    f"ShardingPlan: data-parallel table '{name}' must be on every rank "
-                    f"{list(range(self.world_size))}, got {list(shard.ranks)}"
-                )
+            shard.scheme_class.check_in_plan(name, shard, self.world_size)
         object.__setattr__(self, "tables", MappingProxyType(tables))
 
     def __getitem__(self, table: str) -> TableShard:
@@ -222,7 +200,7 @@ class ShardingPlan:
             ) from None
 
     def __hash__(self) -> int:
-        return int.from_bytes(hashlib.blake2b(self.to_json().encode(), digest_size=8).digest())
+        return _fingerprint(self.to_json())
 
     def digest(self) -> int:
         """A 63-bit fingerprint, equal on every rank that holds the same plan."""
@@ -258,9 +236,9 @@ class ShardingPlan:
     def check(self, tables: Sequence[ResolvedTable], world_size: int) -> None:
         """Raise ``ValueError`` unless this plan fits these tables and world size.
 
-        Checks that every table has exactly one placement, that column shards cover the dim,
-        and that column-wise tables have an element-wise optimizer (a row-wise slot such as
-        RowwiseAdagrad's needs whole rows).
+        Checks that every table has exactly one placement, and what its scheme requires of
+        the table (:meth:`Scheme.check_table <embcore.sharding.schemes.Scheme.check_table>`:
+        column shards cover the dim with an element-wise optimizer).
         """
         if self.world_size != world_size:
             raise ValueError(
@@ -277,18 +255,4 @@ class ShardingPlan:
             )
         for t in tables:
             shard = self.tables[t.name]
-            if shard.scheme != "column_wise":
-                continue
-            if sum(shard.column_sizes or ()) != t.dim:
-                raise ValueError(
-                    f"ShardingPlan: column-wise table '{t.name}' has dim {t.dim}, but its "
-                    f"column_sizes {list(shard.column_sizes or ())} sum to "
-                    f"{sum(shard.column_sizes or ())}"
-                )
-            rowwise = [s.name for s in t.optimizer.slot_specs() if s.rowwise] if t.optimizer else []
-            if rowwise:
-                raise ValueError(
-                    f"ShardingPlan: table '{t.name}' cannot be column-wise: its optimizer "
-                    f"{type(t.optimizer).__name__} keeps row-wise slots {rowwise}, which need "
-                    "whole rows; use row_wise or table_wise"
-                )
+            shard.scheme_class.check_table(shard, t)

@@ -1,4 +1,6 @@
-"""Row-wise sharding: rows split over ranks by the ``div`` or ``mod`` map (SPEC 4.1).
+"""Row-wise sharding: rows split over ranks by the ``div`` or ``mod`` map.
+
+The maps are ``docs/semantics.md`` §4.1 (:mod:`embcore.sharding.maps`).
 
 ::
 
@@ -15,12 +17,15 @@
 Sending contributions per occurrence (not pre-summed per rank) keeps each row's sum in the
 single-process order; a shard with no rows (vocabulary smaller than the number of shards) takes
 part in the protocol with empty messages.
+See ``docs/sharding.md`` ("Sharding schemes").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,18 +33,11 @@ from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.sharding import maps
-from embcore.sharding.base import (
-    F32,
-    I64,
-    Piece,
-    ShardedTable,
-    ShardEnv,
-    UpdateJob,
-    contributions,
-    occurrences,
-)
+from embcore.sharding._wire import F32, I64, contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
-from embcore.sharding.spec import TableShard
+from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
+from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
+from embcore.sharding.schemes._piece import Piece
 
 __all__ = ["RowWise"]
 
@@ -52,12 +50,75 @@ class _Forward:
     counts: list[int]  # unique ids per shard
 
 
-class RowWise(ShardedTable):
+class RowWise(Scheme):
     """Shard ``p`` of the ``div``/``mod`` map on ``shard.ranks[p]``."""
 
     scheme = "row_wise"
+    shard_fields = ("partition_strategy",)
 
-    def __init__(self, table: ResolvedTable, shard: TableShard, env: ShardEnv) -> None:
+    # ------------------------------------------------------------ the plan format
+    @classmethod
+    def check_shard(cls, owner: str, shard: Shard) -> None:
+        if shard.partition_strategy not in maps.STRATEGIES:
+            raise ValueError(
+                f"{owner}: partition_strategy must be one of {list(maps.STRATEGIES)}, got "
+                f"{shard.partition_strategy!r}"
+            )
+
+    @classmethod
+    def describe(cls, shard: Shard) -> str:
+        return f"row_wise({shard.partition_strategy}) on {','.join(map(str, shard.ranks))}"
+
+    # ------------------------------------------------------------------ planning
+    @classmethod
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
+        return cls.parse_override("", t, world) if world > 1 else []
+
+    @classmethod
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict]:
+        """``row_wise`` (``div``) or ``row_wise:<div|mod>``, over all ranks."""
+        return [
+            {"scheme": cls.scheme, "ranks": list(range(world)), "partition_strategy": arg or "div"}
+        ]
+
+    @classmethod
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
+        """The unique ids to fetch and their rows back, then every occurrence's (row,
+        contribution) in the backward; each shard's share in proportion to its rows."""
+        cost = Cost.zeros(world)
+        mem, sent, recv = cost
+        n = len(shard.ranks)
+        for owner, rows in zip(shard.ranks, maps.shard_sizes(t.vocab, n), strict=True):
+            mem[owner] += t.bytes(rows, t.dim)
+            share = rows / t.vocab
+            for r in range(world):
+                if r == owner:
+                    continue
+                out = share * (I64_BYTES * t.unique + (I64_BYTES + F32_BYTES * t.dim) * t.ids)
+                back = share * F32_BYTES * t.dim * t.unique
+                sent[r] += out
+                recv[owner] += out
+                sent[owner] += back
+                recv[r] += back
+        return cost
+
+    @classmethod
+    def lookup_load(
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """Each id on the rank of its ``div``/``mod`` shard: shard ``p`` lives on
+        ``ranks[p]``; ranks outside ``ranks`` serve nothing."""
+        owners = np.asarray(shard.ranks, dtype=np.int64)
+        strategy = shard.partition_strategy or "div"
+
+        def load(ids: np.ndarray) -> np.ndarray:
+            p = maps.shard_of(torch.from_numpy(ids), vocabulary_size, len(owners), strategy)
+            return np.bincount(owners[p.numpy()], minlength=world_size)
+
+        return load
+
+    # ------------------------------------------------------------------- runtime
+    def __init__(self, table: ResolvedTable, shard: Shard, env: ShardEnv) -> None:
         self.strategy = str(shard.partition_strategy)
         self.num_shards = len(shard.ranks)
         self.owner = list(shard.ranks)
@@ -172,8 +233,8 @@ class RowWise(ShardedTable):
     def save_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
         if self.strategy == "div":
             return super().save_chunks(name)
-        # A checkpoint holds the plain (vocab, dim) table (SPEC pitfall 22): write mod shards
-        # as the contiguous div shards they would be.
+        # A checkpoint holds the plain (vocab, dim) table (docs/semantics.md §6, pitfall 22):
+        # write mod shards as the contiguous div shards they would be.
         laid = self._move(self.local(name), "mod", "div")
         if laid is None or laid.numel() == 0:
             return []
