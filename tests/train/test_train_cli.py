@@ -40,7 +40,7 @@ def test_train_command_writes_progress_summary_and_curves(
 
 def test_bad_set_is_a_usage_error(capsys) -> None:
     assert main(["train", "--set", "train.steps=zero"]) == 2
-    assert "[train] steps must be an integer, got 'zero'" in capsys.readouterr().out
+    assert "[train] steps must be an integer, got 'zero'" in capsys.readouterr().err
 
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run(

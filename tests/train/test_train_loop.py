@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from embcore.errors import UserError
+from embcore.train import loop
 from embcore.train.checkpoint import list_checkpoints, load_checkpoint
 from embcore.train.config import Config
 from embcore.train.loop import TrainResult, evaluate, train
@@ -77,14 +80,40 @@ def test_resume_refuses_a_changed_model_but_allows_more_steps(tiny: Config) -> N
     assert longer.steps == 16 and longer.resumed_from == 4
 
 
-def test_a_fresh_run_replaces_old_checkpoints(tiny: Config) -> None:
-    messages: list[str] = []
+def test_a_new_run_over_an_earlier_one_is_refused_and_changes_nothing(tiny: Config) -> None:
     train(tiny, stop_at=8, echo=_quiet)
-    result = train(tiny.with_overrides(["train.steps=4"]), echo=messages.append)
-    assert any("removing the earlier checkpoints" in m for m in messages)
+    ckpt_dir = Path(tiny.train.out_dir) / "checkpoints"
+    before = {p.name: p.read_bytes() for p in ckpt_dir.iterdir()}
+    with pytest.raises(UserError, match=r"already holds 2 checkpoint\(s\).*--resume.*--overwrite"):
+        train(tiny.with_overrides(["train.steps=4"]), echo=_quiet)
+    assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir()} == before
+
+
+def test_overwrite_keeps_the_earlier_run_until_the_first_new_checkpoint(
+    tiny: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train(tiny, echo=_quiet)  # a whole run: checkpoints and summary.json
+    out = Path(tiny.train.out_dir)
+    earlier = {p.name for p in (out / "checkpoints").iterdir()}
+    # The new run fails writing its first checkpoint (an injected fault): nothing is lost.
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "save_checkpoint", _disk_full)
+        with pytest.raises(OSError, match="injected"):
+            train(tiny, overwrite=True, echo=_quiet)
+    kept = out / "checkpoints.replaced"
+    assert {p.name for p in kept.iterdir()} == earlier
+    assert (out / "summary.json").is_file()
+    # A run that does publish removes the earlier one's files.
+    messages: list[str] = []
+    result = train(tiny.with_overrides(["train.steps=4"]), overwrite=True, echo=messages.append)
     assert result.resumed_from == 0
-    ckpts = list_checkpoints(Path(tiny.train.out_dir) / "checkpoints")
-    assert [s for s, _ in ckpts] == [4]
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [4]
+    assert not kept.exists()
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+
+
+def _disk_full(*args: object) -> None:
+    raise OSError(28, "injected: no space left on device")
 
 
 def test_dcn_interaction_trains(tiny: Config) -> None:
