@@ -29,7 +29,7 @@ class UserError(ValueError):
 def _describe(error: BaseException) -> str:
     """What went wrong with a file, in words (no exception class names)."""
     if isinstance(error, IsADirectoryError):
-        return "is a directory, expected a file"
+        return "is a directory"
     if isinstance(error, NotADirectoryError):
         return "a part of the path is not a directory"
     if isinstance(error, FileNotFoundError):
@@ -91,7 +91,9 @@ def _message(name: str, what: str, error: BaseException) -> str:
     text = _describe(error)
     if isinstance(error, (KeyError, TypeError, IndexError)):
         text = f"unexpected content ({type(error).__name__}: {text})"
+    if isinstance(error, OSError) and error.filename and os.fspath(error.filename) != name:
+        name = os.fspath(error.filename)  # another file than the one being read: name it
     if name in text:
         return text
-    hint = f" (expected {what})" if what and not isinstance(error, FileNotFoundError) else ""
+    hint = f"; expected {what}" if what and not isinstance(error, FileNotFoundError) else ""
     return f"{name}: {text}{hint}"
