@@ -28,14 +28,20 @@ class UserError(ValueError):
 
 def _describe(error: BaseException) -> str:
     """What went wrong with a file, in words (no exception class names)."""
-    if isinstance(error, IsADirectoryError):
+    if isinstance(error, OSError) and error.errno is None:
+        pass  # raised by embcore or a library with its own message: keep it
+    elif isinstance(error, IsADirectoryError):
         return "is a directory"
-    if isinstance(error, NotADirectoryError):
+    elif isinstance(error, NotADirectoryError):
         return "a part of the path is not a directory"
-    if isinstance(error, FileNotFoundError):
+    elif isinstance(error, FileNotFoundError):
         return "no such file"
-    if isinstance(error, PermissionError):
+    elif isinstance(error, PermissionError):
         return "permission denied"
+    elif isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return "no space left on the device"
+    elif isinstance(error, OSError) and error.strerror:
+        return error.strerror[0].lower() + error.strerror[1:]
     if isinstance(error, json.JSONDecodeError):
         if not error.doc.strip():
             return "is empty, expected JSON"
@@ -46,12 +52,8 @@ def _describe(error: BaseException) -> str:
         return f"not a text file (byte {error.start} is not UTF-8); is it binary?"
     if isinstance(error, EOFError):
         return "is truncated (the compressed stream ends early)"
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-        return "no space left on the device"
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror[0].lower() + error.strerror[1:]
     text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0] if len(text) > 300 else text
+    return text.splitlines()[0][:300] if len(text) > 300 else text
 
 
 @contextmanager
@@ -79,10 +81,10 @@ def reading(path: str | os.PathLike, what: str = "") -> Iterator[None]:
     except (OSError, ValueError, EOFError, KeyError, TypeError, IndexError) as error:
         raise UserError(_message(name, what, error)) from None
     except Exception as error:
-        # Readers' own error types (safetensors' SafetensorError, pyarrow's ArrowException)
-        # do not derive from the built-in ones; only they are caught here.
+        # Readers' own error types (safetensors' SafetensorError, pyarrow's ArrowException,
+        # zlib.error) do not derive from the built-in ones; only they are caught here.
         module = type(error).__module__ or ""
-        if not module.startswith(("safetensors", "pyarrow")):
+        if not module.startswith(("safetensors", "pyarrow", "zlib", "gzip")):
             raise
         raise UserError(_message(name, what, error)) from None
 

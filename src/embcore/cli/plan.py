@@ -214,7 +214,10 @@ def _load_stats(path: Path) -> dict[str, Any]:
     if path.is_dir():
         from embcore.cli.stats import load_directory
 
-        return {s.table: s for _, s in load_directory(path)}
+        found = load_directory(path)
+        if not found:
+            raise UserError(f"{path}: no statistics files (*.json) in this directory")
+        return {s.table: s for _, s in found}
     with reading(path, 'a JSON file {"table": {"ids_per_example": ..., "unique_ratio": ...}}'):
         stats = json.loads(path.read_text())
     if not isinstance(stats, dict) or not all(isinstance(v, dict) for v in stats.values()):
@@ -222,6 +225,16 @@ def _load_stats(path: Path) -> dict[str, Any]:
             f'{path}: expected {{"table": {{"ids_per_example": 20, "unique_ratio": '
             f"0.4}}, ...}}, got {str(stats)[:80]}"
         )
+    for table, values in stats.items():
+        ids, unique = values.get("ids_per_example", 0), values.get("unique_ratio", 1)
+        numbers = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (ids, unique)
+        )
+        if not numbers or not (ids >= 0 and 0 <= unique <= 1):
+            raise UserError(
+                f"{path}: table {table!r}: ids_per_example must be a number >= 0 and "
+                f"unique_ratio a number in [0, 1], got {ids!r} and {unique!r}"
+            )
     return stats
 
 

@@ -179,6 +179,14 @@ def _stream(
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue  # a trailing newline or blank line is not a row
+            if not line.endswith("\n"):
+                # The last line of a cut file: even with 40 columns its last field may be cut.
+                bad.found(
+                    number,
+                    f"{name}:{number}: the last line has no line end, so the file looks "
+                    "truncated (if it is complete, end it with a newline)",
+                )
+                continue
             if labeled is None:
                 labeled = line.count("\t") + 1 == _COLUMNS
             if rows < skip_rows:

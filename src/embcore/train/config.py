@@ -391,5 +391,11 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     if path is not None:
         expected = "a TOML config with [data], [model], [optim], [train] sections"
         with reading(path, expected), open(path, "rb") as f:
-            config = Config.from_dict(tomllib.load(f))
+            values = tomllib.load(f)
+            if not values:
+                raise UserError(
+                    f"{os.fspath(path)}: holds no [data], [model], [optim] or [train] section "
+                    "(leave out --config to use the defaults)"
+                )
+            config = Config.from_dict(values)
     return config.with_overrides(overrides)
