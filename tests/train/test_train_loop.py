@@ -119,3 +119,25 @@ def _disk_full(*args: object) -> None:
 def test_dcn_interaction_trains(tiny: Config) -> None:
     result = train(tiny.with_overrides(["model.interaction=dcn", "model.dcn_rank=4"]), echo=_quiet)
     assert np.isfinite(result.final["log_loss"]) and result.final["auc"] > 0.5
+
+
+def test_progress_is_one_line_at_a_time_when_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    from embcore.train import progress as module
+    from embcore.train.progress import Progress, progress
+
+    monkeypatch.setattr(module, "LINE_SECONDS", 1e9)  # no clock in this test
+    log = io.StringIO()  # not a terminal
+    bar = progress(True, 12, 0, 64, stream=log)
+    assert type(bar) is Progress
+    for step in range(1, 13):
+        bar.update(64, 0.5 + step / 100 if step % 2 == 0 else None)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    # the first loss point, then (no LINE_SECONDS passed) only the last step
+    assert lines[0].startswith("step 2/12 (17%)") and lines[0].endswith("loss 0.5200")
+    assert lines[-1].startswith("step 12/12 (100%)") and lines[-1].endswith("loss 0.6200")
+    assert all(" samples/s" in line for line in lines) and len(lines) == 2
