@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(f"embcore {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `embcore plan ... | head`: the reader has gone, that is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as error:  # the environment (a missing file, a full disk), not a bug
         where = (
             f"{error.filename}: "

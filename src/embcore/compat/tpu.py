@@ -148,7 +148,7 @@ class TPUEmbedding(nn.Module):
 
 class EmbeddingConfigSpec(fc.EmbeddingConfigSpec):
     """``tf.estimator.tpu.experimental.EmbeddingConfigSpec``; also takes ``column=`` for
-    ``feature_columns=``, the spelling of the seed documents' own examples."""
+    ``feature_columns=``, the spelling of TensorFlow's own documentation examples."""
 
     def __init__(
         self,

@@ -220,11 +220,11 @@ class RunConfig(_Section):
         seed: seeds the model's initial weights.
         threads: PyTorch threads (0: PyTorch's default). One thread for the small matrices
             of this model, the other core prepares the next batches.
-        progress: show a progress bar.
+        progress: show progress (a bar on a terminal, one line at a time otherwise).
         plot: write ``curves.png``.
-        pipeline: the engine's pipelined execution (SPEC 4.5): step N's embedding update
-            lands after step N+1's lookup, so lookups read one-step-stale rows; changes
-            results slightly (see docs/pipelining_and_stats.md).
+        pipeline: the engine's pipelined execution (docs/semantics.md §4.5): step N's
+            embedding update lands after step N+1's lookup, so lookups read one-step-stale
+            rows; changes results slightly (see docs/pipelining_and_stats.md).
     """
 
     _name = "train"
