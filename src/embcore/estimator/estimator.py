@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from embcore.errors import UserError, reading
 from embcore.estimator import io, state
 from embcore.estimator.calls import accepted_args, iterate_input
 from embcore.estimator.spec import EstimatorSpec, ModeKeys
@@ -166,9 +167,14 @@ class Estimator:
             )
         self._profiling = "profile_data_directory" in options if self._columns else False
         self._built = True
-        latest = self.latest_checkpoint()
+        pointer = self._model_dir / "checkpoint.json" if self._model_dir is not None else None
+        if pointer is not None and pointer.exists() and not pointer.is_file():
+            raise UserError(f"{pointer}: is not a file (an Estimator's list of checkpoints)")
+        with reading(pointer or "model_dir", "the checkpoint list an Estimator writes"):
+            latest = self.latest_checkpoint()
         if latest is not None:
-            self._restore(*io.read_directory(latest, "checkpoint"))
+            with reading(latest, "a checkpoint directory written by an Estimator"):
+                self._restore(*io.read_directory(latest, "checkpoint"))
 
     def _restore(self, tensors: dict[str, Tensor], meta: dict) -> None:
         optimizer = state.restore_tensors(self._lookup, self._modules(), tensors)
@@ -423,10 +429,11 @@ class Estimator:
         """An Estimator that evaluates and predicts with an export: its columns are rebuilt
         from the export, its tables and modules loaded; ``model_fn`` and the modules in
         ``params`` must be those the export was made with (fresh instances are fine)."""
-        tensors, meta = io.read_directory(path, "export")
-        estimator = cls(model_fn, params=params, device=device)
-        estimator._columns = tuple(embedding_columns_from_config(meta["columns"]))
-        estimator._serving_only = True
-        estimator._build()
-        estimator._restore(tensors, meta)
+        with reading(path, "a directory written by Estimator.export"):
+            tensors, meta = io.read_directory(path, "export")
+            estimator = cls(model_fn, params=params, device=device)
+            estimator._columns = tuple(embedding_columns_from_config(meta["columns"]))
+            estimator._serving_only = True
+            estimator._build()
+            estimator._restore(tensors, meta)
         return estimator
