@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from embcore.cli.main import main
 from embcore.train.config import load_config
@@ -258,6 +259,30 @@ def _plan_stats(ws: Workspace, tmp: Path, kind: str):
     return args, bad, [out]
 
 
+def _stats_file(ws: Workspace, tmp: Path, kind: str):
+    import embcore as ec
+
+    directory = tmp / "profile"
+    table = ec.TableConfig(vocabulary_size=20, dim=2, name="video")
+    engine = ec.EmbeddingEngine(
+        {"f": ec.FeatureConfig(table=table)},
+        optimizer=ec.SGD(),
+        profile_data_directory=str(directory),
+        profile_sample_rate=1.0,
+    )
+    engine.enqueue({"f": torch.tensor([3, 3, 1])}, training=False)
+    engine.dequeue()
+    (written,) = engine.write_statistics()
+    bad = Path(written)
+    valid = bad.read_bytes()
+    out_of_range = json.loads(valid)
+    out_of_range["batches"] = -4
+    bad.unlink()
+    _damage(bad, kind, valid, b"[train]\nsteps = 1\n", json.dumps(out_of_range).encode())
+    plots = tmp / "plots"
+    return ["stats", str(directory), "--plots", str(plots)], bad, [plots]
+
+
 TARGETS: dict[str, Target] = {
     "train-config-toml": _train_config,
     "train-data-tsv": _train_tsv,
@@ -273,17 +298,15 @@ TARGETS: dict[str, Target] = {
     "predict-input-parquet": _predict_input(".parquet"),
     "plan-config-json": _plan_config,
     "plan-stats-json": _plan_stats,
+    "stats-json": _stats_file,
 }
 
 
 # --resume with its newest checkpoint missing resumes from the one before or, with none,
-# starts at step 0 as documented: not a damaged file.
-CASES = [
-    (t, k)
-    for t in sorted(TARGETS)
-    for k in KINDS
-    if (t, k) != ("train-resume-checkpoint", "missing")
-]
+# starts at step 0 as documented; a profile directory without statistics files is reported as
+# such: neither is a damaged file.
+NOT_DAMAGE = {("train-resume-checkpoint", "missing"), ("stats-json", "missing")}
+CASES = [(t, k) for t in sorted(TARGETS) for k in KINDS if (t, k) not in NOT_DAMAGE]
 
 
 @pytest.mark.parametrize("target, kind", CASES)

@@ -34,8 +34,29 @@ def load_directory(directory: Path) -> list[tuple[Path, TableStats]]:
     found = []
     for path in sorted(directory.glob("*.json")):
         with reading(path, "a statistics file written by the engine's profiler"):
-            found.append((path, TableStats.from_json(json.loads(path.read_text()))))
+            stats = TableStats.from_json(json.loads(path.read_text()))
+            _check(stats)
+        found.append((path, stats))
     return sorted(found, key=lambda item: item[1].table)
+
+
+def _check(s: TableStats) -> None:
+    """Counts a profiler can write: none negative, a sketch within its capacity."""
+    counts = {
+        "batches": s.batches,
+        "examples": s.examples,
+        "ids": s.ids,
+        "sketch_total": s.sketch_total,
+        "capacity": s.capacity - 1,
+    }
+    bad = [k for k, v in counts.items() if not isinstance(v, int) or v < 0]
+    if bad or min(s.sketch.values(), default=0) < 0 or len(s.sketch) > s.capacity:
+        raise UserError(
+            f"counts out of range in {bad or ['sketch']} (table {s.table!r}); expected "
+            "non-negative integers and at most capacity sketch entries"
+        )
+    if any(x < 0 for x in s.shard_load) or (s.ids_per_example < 0).any():
+        raise UserError(f"negative loads or ids per example (table {s.table!r})")
 
 
 def coverage(s: TableStats) -> list[float]:
