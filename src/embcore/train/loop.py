@@ -31,6 +31,7 @@ from embcore.errors import UserError, reading
 from embcore.models import DLRM
 from embcore.train.checkpoint import (
     checkpoint_path,
+    latest_checkpoint,
     load_checkpoint,
     optimizer_from_tensors,
     optimizer_to_tensors,
@@ -287,7 +288,10 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
                 tick = time.perf_counter()
         seconds += time.perf_counter() - tick
     except KeyboardInterrupt:
-        raise Interrupted(_interrupted(state.step, checkpoint)) from None
+        # What is on disk, not what this loop last heard of: Ctrl-C may land inside a save,
+        # after its checkpoint was published.
+        newest = latest_checkpoint(run_dir.checkpoints)
+        raise Interrupted(_interrupted(state.step, newest)) from None
     finally:
         prefetch.close()
         if bar is not None:
