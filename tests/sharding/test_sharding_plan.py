@@ -308,3 +308,17 @@ def test_cli_plan_reports_statistics_that_match_no_table(tmp_path, capsys):
         captured.err
     )
     assert "user" in captured.out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["-w", "0"], r"--world-size must be in \[1, 65536\], got 0"),
+        (["-w", "1000000000"], r"--world-size must be in \[1, 65536\]"),
+        (["-w", "2", "--batch-size", "-3"], "--batch-size must be positive, got -3"),
+    ],
+)
+def test_cli_plan_flags_out_of_range_are_one_line_errors(capsys, extra, message):
+    assert main(["plan", "--workload", "W1", *extra]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1, err

@@ -288,7 +288,20 @@ def _load_spec(args: argparse.Namespace) -> dict[str, Any]:
         return json.loads(args.config.read_text())
 
 
+#: The largest --world-size planned for (the planner keeps per-rank lists).
+MAX_WORLD_SIZE = 1 << 16
+
+
 def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        raise UserError(f"--world-size must be in [1, {MAX_WORLD_SIZE}], got {args.world_size}")
+    for flag, value in (
+        ("--memory-per-rank", args.memory_per_rank),
+        ("--replicate-max-bytes", args.replicate_max_bytes),
+        ("--batch-size", args.batch_size),
+    ):
+        if value is not None and value < (0 if flag == "--replicate-max-bytes" else 1):
+            raise UserError(f"{flag} must be positive, got {value}")
     spec = _load_spec(args)
     features, stats = feature_config(spec, str(args.config or args.workload))
     if args.stats is not None:
