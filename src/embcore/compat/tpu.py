@@ -26,7 +26,6 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from torch import Tensor, nn
 
 from embcore import feature_column as fc
 from embcore._validate import check_bool, check_int, describe
+from embcore.compat.namespace import Namespace
 from embcore.config import FeatureConfig, TableConfig
 from embcore.engine import EmbeddingEngine
 from embcore.estimator import Estimator, EstimatorSpec, ModeKeys
@@ -70,7 +70,9 @@ FtrlParameters = fc.FtrlParameters
 StochasticGradientDescentParameters = fc.StochasticGradientDescentParameters
 
 #: ``from tensorflow.python.tpu import tpu_embedding``: the v1 configs of the dict form.
-tpu_embedding = SimpleNamespace(TableConfig=fc.V1TableConfig, FeatureConfig=fc.V1FeatureConfig)
+tpu_embedding = Namespace(
+    "tpu_embedding", TableConfig=fc.V1TableConfig, FeatureConfig=fc.V1FeatureConfig
+)
 
 
 class TPUEmbedding(nn.Module):

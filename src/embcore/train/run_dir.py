@@ -69,11 +69,13 @@ class RunDirectory:
                 echo(f"--resume: no checkpoint in {self.checkpoints}, starting at step 0{hint}")
             return found
         if held and not self.overwrite:
-            what = (
-                f"{len(list_checkpoints(self.checkpoints))} checkpoint(s), the newest {found}"
-                if found is not None
-                else "files of an earlier run"
-            )
+            if found is not None:
+                what = (
+                    f"{len(list_checkpoints(self.checkpoints))} checkpoint(s), the newest {found}"
+                )
+            else:
+                first = next(p for p in sorted(self.root.rglob("*")) if p.is_file())
+                what = f"files ({first.relative_to(self.root)}, ...)"
             raise UserError(
                 f"[train] out_dir {self.root} already holds {what}; continue that run with "
                 "--resume, replace it with --overwrite, or choose another --set train.out_dir="
