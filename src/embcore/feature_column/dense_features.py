@@ -49,14 +49,14 @@ class DenseFeatures(nn.Module):
     """Embedding columns as a module (see the module docstring).
 
     Args:
-        feature_columns: an embedding column or a list of them.
+        feature_columns: an embedding or numeric column, or a list of them.
         optimizer: trains the engine tables when the module looks up raw features itself in
             training mode (``loss.backward()`` applies the update); ``None``: lookup only.
         seed: seeds the default initializers of the tables it creates.
         device: where those tables live.
 
     Raises:
-        TypeError: an element is not an embedding column.
+        TypeError: an element is neither an embedding nor a numeric column.
         ValueError: no columns, or two columns with one name.
     """
 
