@@ -215,6 +215,7 @@ def train(
 
 
 def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) -> TrainResult:
+    run_dir.check()
     check_resources(cfg)
     source = build_source(cfg.data)
     eval_set = source.eval_set()  # read (and checked) before anything is written

@@ -49,14 +49,33 @@ class RunDirectory:
             raise UserError(f"[train] out_dir: {self.root} is a file, expected a directory")
         return self.root.is_dir() and any(p.is_file() for p in self.root.rglob("*"))
 
-    def open(self, echo: Callable[[str], None]) -> Path | None:
-        """Apply the policy before anything is written; the checkpoint to resume from.
+    def check(self) -> None:
+        """Refuse, before anything is read or written, an earlier run nobody said to touch.
 
         Raises:
-            UserError: ``out_dir`` holds an earlier run and neither ``resume`` nor
-                ``overwrite`` says what to do with it.
+            UserError: ``out_dir`` holds files and neither ``resume`` nor ``overwrite`` is
+                given (or ``out_dir`` is a file).
         """
-        held = self._holds_files()
+        if not self._holds_files() or self.resume or self.overwrite:
+            return
+        found = latest_checkpoint(self.checkpoints)
+        if found is not None:
+            what = f"{len(list_checkpoints(self.checkpoints))} checkpoint(s), the newest {found}"
+        else:
+            first = next(p for p in sorted(self.root.rglob("*")) if p.is_file())
+            what = f"files ({first.relative_to(self.root)}, ...)"
+        raise UserError(
+            f"[train] out_dir {self.root} already holds {what}; continue that run with "
+            "--resume, replace it with --overwrite, or choose another --set train.out_dir="
+        )
+
+    def open(self, echo: Callable[[str], None]) -> Path | None:
+        """Apply the policy once the run's inputs are checked; the checkpoint to resume from.
+
+        Raises:
+            UserError: as :meth:`check`.
+        """
+        self.check()
         found = latest_checkpoint(self.checkpoints)
         if self.resume:
             if found is None:
@@ -68,19 +87,7 @@ class RunDirectory:
                     )
                 echo(f"--resume: no checkpoint in {self.checkpoints}, starting at step 0{hint}")
             return found
-        if held and not self.overwrite:
-            if found is not None:
-                what = (
-                    f"{len(list_checkpoints(self.checkpoints))} checkpoint(s), the newest {found}"
-                )
-            else:
-                first = next(p for p in sorted(self.root.rglob("*")) if p.is_file())
-                what = f"files ({first.relative_to(self.root)}, ...)"
-            raise UserError(
-                f"[train] out_dir {self.root} already holds {what}; continue that run with "
-                "--resume, replace it with --overwrite, or choose another --set train.out_dir="
-            )
-        if held:
+        if self.overwrite and self._holds_files():
             if found is not None:
                 # Checkpoints in checkpoints/ supersede any older replaced run: that older run
                 # was replaced by this one, which published.
