@@ -26,6 +26,7 @@ TensorFlow 1                             torch
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -41,9 +42,11 @@ __all__ = [
     "get_global_step",
 ]
 
-#: (rule, hyperparameters, parameter ids) -> the torch optimizer made for them. The optimizer
-#: holds its parameters, so their ids cannot be reused while an entry exists.
-_MADE: dict[tuple[Any, ...], torch.optim.Optimizer] = {}
+#: (rule, hyperparameters, parameter ids) -> the torch optimizer made for them, while someone
+#: (the Estimator) holds it. It holds its parameters, so their ids are not reused meanwhile.
+_MADE: weakref.WeakValueDictionary[tuple[Any, ...], torch.optim.Optimizer] = (
+    weakref.WeakValueDictionary()
+)
 
 
 def _positive(owner: str, name: str, value: Any, zero_ok: bool = False) -> float:
@@ -100,9 +103,11 @@ class DenseOptimizer:
             tuple(sorted(self.hyperparameters.items())),
             tuple(id(p) for p in params),
         )
-        if key not in _MADE:
-            _MADE[key] = self.torch_class(params, **self.hyperparameters)
-        return _MADE[key]
+        made = _MADE.get(key)
+        if made is None:
+            made = self.torch_class(params, **self.hyperparameters)
+            _MADE[key] = made
+        return made
 
 
 class GradientDescentOptimizer(DenseOptimizer):
