@@ -22,7 +22,7 @@ def test_a_tf1_tpu_estimator_ranking_program_runs(tmp_path) -> None:
     made = []
 
     def model_fn(features, labels, mode, params):
-        net = tf.keras.layers.DenseFeatures(columns)(features)
+        net = tf.compat.v1.feature_column.input_layer(features, columns)
         logits = params["head"](net).squeeze(1)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         optimizer = tf.compat.v1.train.AdagradOptimizer(learning_rate=0.05)
@@ -78,6 +78,13 @@ def test_numeric_columns_join_dense_features_in_name_order() -> None:
         tf.keras.layers.DenseFeatures([z])({"z": np.zeros((2, 3))})
     with pytest.raises(ValueError, match="shape must be ints >= 1"):
         tf.feature_column.numeric_column("b", shape=(0,))
+    got = tf.compat.v1.feature_column.input_layer({"a": [2.0, 3.0]}, [a])
+    np.testing.assert_array_equal(got.numpy(), [[2.0], [3.0]])
+    emb = tf.feature_column.embedding_column(
+        tf.feature_column.categorical_column_with_identity("i", 4), 2
+    )
+    with pytest.raises(ValueError, match="looked up by the Estimator"):
+        tf.compat.v1.feature_column.input_layer({"i": [1]}, [emb])
 
 
 def test_dtypes_and_common_names_are_there() -> None:

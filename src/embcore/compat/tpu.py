@@ -58,6 +58,7 @@ __all__ = [
     "TableConfig",
     "embedding_column",
     "estimator_spec",
+    "input_layer",
     "shared_embedding_columns",
     "tpu_embedding",
 ]
@@ -191,6 +192,26 @@ def _reject(owner: str, **unsupported: Any) -> None:
 def _metric_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """TensorFlow metrics are ``(value, update_op)`` pairs; keep the values."""
     return {k: v[0] if isinstance(v, tuple) else v for k, v in metrics.items()}
+
+
+def input_layer(features: Mapping[str, Any], feature_columns: Any) -> Tensor:
+    """``tf.compat.v1.feature_column.input_layer`` inside a ``model_fn``: the columns'
+    ``(B, Σ width)`` values in name order, as :class:`~embcore.feature_column.DenseFeatures`.
+
+    Raises:
+        ValueError: embedding columns outside an Estimator's ``model_fn`` (where nothing looked
+            them up; build one ``DenseFeatures`` module instead, so its tables persist).
+    """
+    columns = (
+        [feature_columns] if not isinstance(feature_columns, (list, tuple)) else feature_columns
+    )
+    layer = fc.DenseFeatures(list(columns))
+    if layer.feature_columns and not isinstance(features, fc.EmbeddedFeatures):
+        raise ValueError(
+            "input_layer: embedding columns are looked up by the Estimator; outside a model_fn, "
+            "build one embcore.feature_column.DenseFeatures module and call it"
+        )
+    return layer(features)
 
 
 def estimator_spec(
