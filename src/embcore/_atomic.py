@@ -20,6 +20,7 @@ from typing import BinaryIO
 __all__ = [
     "DiskFullError",
     "TempDir",
+    "check_replaceable",
     "fsync_dir",
     "publish_dir",
     "remove_stale",
@@ -190,16 +191,30 @@ def publish_dir(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> No
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def replace_dir(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
-    """Publish ``tmp`` as ``path``, replacing a previous directory there: the old one is first
-    renamed aside (``<path>.old-*``), then deleted. A crash in between leaves no ``path`` but
-    the old directory intact beside it, never a mix of both."""
-    path = Path(os.path.abspath(path))
-    old = None
+def check_replaceable(path: str | os.PathLike[str], marker: str) -> None:
+    """Refuse to replace ``path`` unless it is absent, an empty directory, or a directory
+    holding ``marker`` (one that the same writer made): never delete a user's other files."""
+    path = Path(path)
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise FileExistsError(
             errno.EEXIST, f"{path} exists and is not a directory; refusing to replace it"
         )
+    if path.is_dir() and not (path / marker).is_file() and any(path.iterdir()):
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{path} is a non-empty directory without {marker}: not written by embcore; "
+            "refusing to replace it (write to a new or empty directory)",
+        )
+
+
+def replace_dir(tmp: str | os.PathLike[str], path: str | os.PathLike[str], marker: str) -> None:
+    """Publish ``tmp`` as ``path``, replacing a previous directory there (see
+    :func:`check_replaceable`): the old one is first renamed aside (``<path>.old-*``), then
+    deleted. A crash in between leaves no ``path`` but the old directory intact beside it,
+    never a mix of both."""
+    path = Path(os.path.abspath(path))
+    old = None
+    check_replaceable(path, marker)
     if path.exists():
         old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.old-"))
         os.rename(path, old / path.name)
