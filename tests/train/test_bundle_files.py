@@ -1,0 +1,106 @@
+"""Serving bundles: ``config.json`` holds the sha256 of both tensor files and of itself, so a
+flipped bit, a truncated file or files of two exports mixed are refused, naming the file; an
+export that fails or is killed half-way leaves the previous bundle intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from embcore._fingerprint import IntegrityError
+from embcore.train import bundle
+from embcore.train.bundle import export_checkpoint, load_bundle
+from embcore.train.checkpoint import list_checkpoints
+from embcore.train.config import Config
+from embcore.train.loop import train
+
+
+@pytest.fixture
+def run(tiny: Config) -> list[Path]:
+    """The checkpoints (steps 4, 8, 12) of a tiny run."""
+    train(tiny, echo=lambda _: None)
+    return [p for _, p in list_checkpoints(Path(tiny.train.out_dir) / "checkpoints")]
+
+
+def flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_truncated_or_mixed_bundles_are_refused(run, tmp_path):
+    out = export_checkpoint(run[-1], tmp_path / "b")
+    load_bundle(out)
+    for name in ("tables.safetensors", "dense.safetensors"):
+        copy = tmp_path / f"flip-{name}"
+        shutil.copytree(out, copy)
+        flip(copy / name, -3)  # a weight's byte: safetensors alone would load it
+        with pytest.raises(IntegrityError, match=rf"{copy / name} does not match the sha256"):
+            load_bundle(copy)
+        cut = tmp_path / f"cut-{name}"
+        shutil.copytree(out, cut)
+        (cut / name).write_bytes((cut / name).read_bytes()[:-100])
+        with pytest.raises(IntegrityError, match=rf"{cut / name} does not match the sha256"):
+            load_bundle(cut)
+
+    edited = tmp_path / "edited"
+    shutil.copytree(out, edited)
+    manifest = json.loads((edited / "config.json").read_text())
+    manifest["preprocessing"]["dense"] = "x"
+    (edited / "config.json").write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match=r"config\.json is corrupt: its content does not"):
+        load_bundle(edited)
+
+    # A kill between the files of two exports could leave tables of step 8 beside dense
+    # weights and a config of step 12: refused.
+    older = export_checkpoint(run[-2], tmp_path / "older")
+    mixed = tmp_path / "mixed"
+    shutil.copytree(out, mixed)
+    shutil.copy(older / "tables.safetensors", mixed / "tables.safetensors")
+    with pytest.raises(IntegrityError, match=r"mixed/tables\.safetensors does not match"):
+        load_bundle(mixed)
+
+
+def test_an_export_that_fails_half_way_keeps_the_previous_bundle(run, tmp_path, monkeypatch):
+    tmp_path = tmp_path / "exports"  # (the run is in tmp_path/run)
+    out = export_checkpoint(run[0], tmp_path / "b")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    calls = []
+
+    def killed(*args, **kwargs):  # the second file is never written
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return save_file(*args, **kwargs)
+
+    save_file = bundle.save_file
+    monkeypatch.setattr(bundle, "save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_checkpoint(run[-1], out)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["b"]  # no temporary directory left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert load_bundle(out).manifest["step"] == 4
+
+    # A SIGKILL leaves its temporary directory: the bundle is untouched and the next export
+    # removes the leftover.
+    leftover = tmp_path / "b.tmp-killed"
+    leftover.mkdir()
+    (leftover / "tables.safetensors").write_bytes(b"half")
+    assert load_bundle(out).manifest["step"] == 4
+    export_checkpoint(run[-1], out)
+    assert sorted(os.listdir(tmp_path)) == ["b"]
+    assert load_bundle(out).manifest["step"] == 12
+
+
+def test_an_export_never_replaces_a_directory_of_other_files(run, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"mine is a non-empty directory without config"):
+        export_checkpoint(run[-1], mine)
+    assert os.listdir(mine) == ["notes.txt"]
