@@ -99,7 +99,7 @@ class TempDir:
 
     def __init__(self, target: Path) -> None:
         self.target = target
-        while True:
+        for _ in range(100):  # a retry only when a cleaner removed the new directory first
             path = tempfile.mkdtemp(dir=target.parent, prefix=f"{target.name}.tmp-")
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -112,6 +112,8 @@ class TempDir:
             except OSError:
                 pass
             os.close(fd)
+        else:
+            raise OSError(errno.EAGAIN, f"could not create a temporary directory for {target}")
         self.path = Path(path)
         self._fd: int | None = fd
 
