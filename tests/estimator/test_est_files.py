@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from embcore._fingerprint import IntegrityError
-from embcore.estimator import io
+from embcore.estimator import model_dir as io
 
 
 def tensors(step: int) -> dict[str, torch.Tensor]:

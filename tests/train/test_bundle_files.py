@@ -14,9 +14,9 @@ import pytest
 from embcore._fingerprint import IntegrityError
 from embcore.train import bundle
 from embcore.train.bundle import export_checkpoint, load_bundle
-from embcore.train.checkpoint import list_checkpoints
 from embcore.train.config import Config
 from embcore.train.loop import train
+from embcore.train.run_state import list_checkpoints
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from embcore._fingerprint import IntegrityError
-from embcore.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from embcore.train.run_state import checkpoint_path, load_checkpoint, save_checkpoint
 
 
 @pytest.fixture

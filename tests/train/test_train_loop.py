@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from embcore.train.checkpoint import list_checkpoints, load_checkpoint
 from embcore.train.config import Config
 from embcore.train.loop import TrainResult, evaluate, train
+from embcore.train.run_state import list_checkpoints, load_checkpoint
 from embcore.train.sources import build_source
 
 

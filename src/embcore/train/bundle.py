@@ -32,9 +32,9 @@ from embcore import _atomic
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
 from embcore.models import DLRM
-from embcore.train.checkpoint import load_checkpoint
 from embcore.train.config import Config
 from embcore.train.model import build_model
+from embcore.train.run_state import load_checkpoint
 
 __all__ = ["ServingModel", "export_bundle", "export_checkpoint", "load_bundle"]
 

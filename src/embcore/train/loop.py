@@ -28,7 +28,11 @@ import torch.nn.functional as F
 
 import embcore as ec
 from embcore.models import DLRM
-from embcore.train.checkpoint import (
+from embcore.train.config import RESUMABLE_CHANGES, Config
+from embcore.train.metrics import auc, log_loss
+from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.report import plot_curves, summary_table
+from embcore.train.run_state import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
@@ -38,10 +42,6 @@ from embcore.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from embcore.train.config import RESUMABLE_CHANGES, Config
-from embcore.train.metrics import auc, log_loss
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
-from embcore.train.report import plot_curves, summary_table
 from embcore.train.sources import EvalSet, build_source
 
 __all__ = ["RunState", "TrainResult", "evaluate", "train"]
