@@ -114,6 +114,7 @@ class TempDir:
             os.close(fd)
         else:
             raise OSError(errno.EAGAIN, f"could not create a temporary directory for {target}")
+        os.chmod(path, 0o755)  # mkdtemp's is private; what it becomes is shared like any output
         self.path = Path(path)
         self._fd: int | None = fd
 

@@ -97,7 +97,11 @@ class EngineView:
         self._engine = engine
         self._sharded = isinstance(engine, ShardedEmbeddingEngine)
         # The group the checkpoint's ranks agree over (a plain engine: the default one).
-        self.comm: Comm = engine._comm if self._sharded else Comm(None, engine.device)  # type: ignore[attr-defined]
+        self.comm: Comm = (
+            engine._comm  # type: ignore[attr-defined]
+            if self._sharded
+            else Comm(None, engine.device)
+        )
         self._state: dict[str, Tensor] | None = None
 
     def flush(self) -> None:

@@ -61,7 +61,7 @@ def _start(comm: Comm, path: str) -> tuple[_atomic.TempDir | None, str]:
     """Rank 0 creates the temporary directory; every rank learns its name."""
     what = "embcore.checkpoint.save"
     error: BaseException | None = None
-    tmp, name = None, ""
+    tmp = None
     if comm.rank == 0:
         try:
             if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
@@ -73,9 +73,11 @@ def _start(comm: Comm, path: str) -> tuple[_atomic.TempDir | None, str]:
             with _atomic.writing(path):
                 _atomic.remove_stale(path)
                 tmp = _atomic.TempDir(Path(os.path.abspath(path)))
-            name = tmp.path.name
-            encoded = _encode(name)
+            encoded = _encode(tmp.path.name)
         except OSError as e:
+            if tmp is not None:
+                tmp.remove()
+                tmp = None
             error, encoded = e, [0] * _NAME_INTS
     else:
         encoded = [0] * _NAME_INTS
@@ -84,9 +86,10 @@ def _start(comm: Comm, path: str) -> tuple[_atomic.TempDir | None, str]:
     if differ:  # every rank sees it: rank 0 removes its directory
         if tmp is not None:
             tmp.remove()
-        raise ValueError(f"{what}: rank(s) {differ} were given another path than {path!r}")
-    name = _decode(everyone[0][1:])
-    return tmp, os.path.join(os.path.dirname(os.path.abspath(path)), name)
+        raise ValueError(
+            f"{what}: rank(s) {differ} were given another path than rank 0 (this rank: {path!r})"
+        )
+    return tmp, os.path.join(os.path.dirname(os.path.abspath(path)), _decode(everyone[0][1:]))
 
 
 def save(engine: Any, path: str | os.PathLike[str]) -> None:

@@ -64,7 +64,6 @@ def export_bundle(
 
 
 def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None) -> None:
-    os.chmod(out, 0o755)  # a temporary directory is private; bundles are shared
     tables = {name: t.detach().contiguous() for name, t in model.engine.embedding_tables.items()}
     dense = {
         k: v.detach().contiguous()
