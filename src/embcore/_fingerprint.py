@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from embcore._files import open_regular
+
 __all__ = [
     "IntegrityError",
     "TruncatedError",
@@ -49,13 +51,15 @@ def fingerprint64(data: bytes | str) -> int:
 
 
 def sha256_range(path: str | os.PathLike[str], offset: int, length: int) -> str:
-    """sha256 (hex) of ``length`` bytes at ``offset`` of ``path``.
+    """sha256 (hex) of ``length`` bytes at ``offset`` of the regular file ``path``.
 
     Raises:
+        UnsafeFileError: ``path`` is a link or not a regular file.
         TruncatedError: the file ends before ``offset + length``.
     """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd, _ = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
         f.seek(offset)
         left = length
         while left:
@@ -71,8 +75,10 @@ def sha256_range(path: str | os.PathLike[str], offset: int, length: int) -> str:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """sha256 (hex) of a whole file."""
-    return sha256_range(path, 0, os.path.getsize(path))
+    """sha256 (hex) of a whole regular file (a link or a FIFO is refused: see ``_files``)."""
+    fd, size = open_regular(path)
+    os.close(fd)
+    return sha256_range(path, 0, size)
 
 
 def sha256_tensor(tensor: Tensor) -> str:

@@ -102,3 +102,25 @@ def test_retention_deletes_only_its_own_old_checkpoints(tmp_path):
         "latest": "ckpt-4",
         "all": ["ckpt-3", "ckpt-4"],
     }
+
+
+def test_linked_or_special_files_are_refused_without_reading_them(tmp_path):
+    path = write(tmp_path / "m", 1)
+    os.rename(path / "meta.json", tmp_path / "meta.json")
+    os.symlink("/dev/zero", path / "meta.json")  # reading it would never end
+    with pytest.raises(ValueError, match=r"ckpt-1' is not an embcore checkpoint: no meta\.json"):
+        io.read_directory(path, "checkpoint")
+    os.remove(path / "meta.json")
+    os.mkfifo(path / "meta.json")  # opening it for reading would block without a writer
+    with pytest.raises(ValueError, match=r"ckpt-1' is not an embcore checkpoint: no meta\.json"):
+        io.read_directory(path, "checkpoint")
+    os.remove(path / "meta.json")
+    os.symlink(tmp_path / "meta.json", path / "meta.json")  # the right content, elsewhere
+    with pytest.raises(ValueError, match=r"meta\.json is a symbolic link"):
+        io.read_directory(path, "checkpoint")
+    pointer = tmp_path / "m" / "checkpoint.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    pointer.rename(elsewhere)
+    os.symlink(elsewhere, pointer)
+    with pytest.raises(ValueError, match=r"checkpoint\.json is a symbolic link"):
+        io.latest_checkpoint(tmp_path / "m")

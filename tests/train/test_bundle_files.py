@@ -55,6 +55,17 @@ def test_corrupt_truncated_or_mixed_bundles_are_refused(run, tmp_path):
     with pytest.raises(IntegrityError, match=r"config\.json is corrupt: its content does not"):
         load_bundle(edited)
 
+    linked = tmp_path / "linked"  # a tensor file that is a link to an endless device
+    shutil.copytree(out, linked)
+    os.remove(linked / "dense.safetensors")
+    os.symlink("/dev/zero", linked / "dense.safetensors")
+    with pytest.raises(FileNotFoundError, match=r"dense\.safetensors is missing"):
+        load_bundle(linked)  # not a regular file: never opened
+    os.remove(linked / "dense.safetensors")
+    os.symlink(out / "dense.safetensors", linked / "dense.safetensors")
+    with pytest.raises(ValueError, match=r"dense\.safetensors is a symbolic link"):
+        load_bundle(linked)
+
     # A kill between the files of two exports could leave tables of step 8 beside dense
     # weights and a config of step 12: refused.
     older = export_checkpoint(run[-2], tmp_path / "older")

@@ -14,12 +14,12 @@ import hashlib
 import io
 import os
 import pickle
-import stat
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata
 
+from embcore._files import UnsafeFileError, open_regular, read_regular
 from embcore.checkpoint._errors import CheckpointError
 
 __all__ = [
@@ -54,29 +54,18 @@ def check_name(directory: str, name: Any) -> str:
 
 def _open(directory: str, name: Any) -> tuple[int, int]:
     """``(fd, size)`` of the regular file ``name`` inside ``directory`` (no symlink followed)."""
-    path = check_name(directory, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as error:
-        if os.path.islink(path):
-            raise CheckpointError(
-                f"{path} is a symbolic link; a checkpoint holds only regular files"
-            ) from error
-        raise
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise CheckpointError(f"{path} is not a regular file; a checkpoint holds only files")
-    return fd, info.st_size
+        return open_regular(check_name(directory, name))
+    except UnsafeFileError as error:
+        raise CheckpointError(f"{error}; a checkpoint holds only regular files") from error
 
 
 def read_small(directory: str, name: str) -> bytes:
     """The whole of a small file of the checkpoint (the manifest, ``.metadata``)."""
-    fd, size = _open(directory, name)
-    with os.fdopen(fd, "rb") as f:
-        if size > _SMALL:
-            raise CheckpointError(f"{os.path.join(directory, name)} is {size} bytes: too large")
-        return f.read(size)
+    try:
+        return read_regular(check_name(directory, name), _SMALL)
+    except UnsafeFileError as error:
+        raise CheckpointError(f"{error}; a checkpoint holds only regular files") from error
 
 
 def sha256_chunk(directory: str, name: str, offset: int, length: int) -> str:

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from embcore import _atomic
+from embcore._files import read_regular
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 
 __all__ = [
@@ -92,8 +93,9 @@ def read_directory(path: str | os.PathLike, kind: str) -> tuple[dict[str, Tensor
     meta_file = path / "meta.json"
     if not meta_file.is_file():
         raise ValueError(f"{str(path)!r} is not an embcore {kind}: no meta.json")
+    raw = read_regular(meta_file, 1 << 26)  # a link or a FIFO is refused, not followed
     try:
-        document = json.loads(meta_file.read_bytes())
+        document = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise IntegrityError(f"{meta_file} is not valid JSON (corrupt or truncated)") from error
     if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -142,8 +144,9 @@ def _read_pointer(model_dir: Path) -> tuple[str, list[str]] | None:
     pointer = model_dir / _POINTER
     if not pointer.is_file():
         return None
+    raw = read_regular(pointer, 1 << 20)  # a link or a FIFO is refused, not followed
     try:
-        document = json.loads(pointer.read_bytes())
+        document = json.loads(raw)
         latest, names = document["latest"], document["all"]
     except (ValueError, UnicodeDecodeError, KeyError, TypeError) as error:
         raise ValueError(

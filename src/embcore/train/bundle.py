@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from embcore import _atomic
+from embcore._files import read_regular
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
 from embcore.models import DLRM
@@ -178,8 +179,9 @@ def load_bundle(path: str | os.PathLike) -> ServingModel:
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
+    raw = read_regular(path, 1 << 26)  # a link or a FIFO is refused, not followed
     try:
-        document = json.loads(path.read_bytes())
+        document = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise IntegrityError(f"{path} is not valid JSON (corrupt or truncated): {error}") from error
     if isinstance(document, dict) and document.get("format") != _FORMAT:
