@@ -5,8 +5,10 @@ export that fails or is killed half-way leaves the previous bundle intact."""
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,35 @@ def test_an_export_never_replaces_a_directory_of_other_files(run, tmp_path):
     with pytest.raises(FileExistsError, match=r"mine is a non-empty directory without config"):
         export_checkpoint(run[-1], mine)
     assert os.listdir(mine) == ["notes.txt"]
+
+
+def _export_killed_after_the_first_file(checkpoint: str, out: str) -> None:
+    from embcore.train import bundle
+
+    save_file = bundle.save_file
+
+    def then_die(*args, **kwargs):
+        save_file(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, as kill -9 or an OOM kill
+
+    bundle.save_file = then_die
+    bundle.export_checkpoint(checkpoint, out)
+
+
+@pytest.mark.multiprocess
+def test_an_export_sigkilled_half_way_keeps_the_previous_bundle(run, tmp_path):
+    out = tmp_path / "exports" / "b"
+    export_checkpoint(run[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "embcore.train.bundle"])
+    child = ctx.Process(target=_export_killed_after_the_first_file, args=(str(run[-1]), str(out)))
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    left = sorted(os.listdir(out.parent))
+    assert left[0] == "b" and len(left) == 2 and left[1].startswith("b.tmp-"), left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert load_bundle(out).manifest["step"] == 4
+    export_checkpoint(run[-1], out)  # removes the dead export's directory
+    assert os.listdir(out.parent) == ["b"] and load_bundle(out).manifest["step"] == 12
