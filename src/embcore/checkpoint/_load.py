@@ -9,7 +9,7 @@ sha256 verification of every stored chunk. Only then does DCP read. See docs/rel
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -29,6 +29,9 @@ from embcore.checkpoint._digest import read_dcp_metadata, sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor, table_of
 from embcore.checkpoint._errors import CheckpointError
 from embcore.checkpoint._manifest import Chunk
+
+if TYPE_CHECKING:  # annotations only: engines are seen through _engine_view
+    from embcore.engine import EmbeddingEngine
 
 __all__ = ["load", "read_manifest", "verify"]
 
@@ -167,7 +170,7 @@ def _value(shape: tuple[int, ...], chunks: list[Any]) -> Any:
 
 
 def load(
-    engine: Any, path: str | os.PathLike[str], *, allow_optimizer_change: bool = False
+    engine: EmbeddingEngine, path: str | os.PathLike[str], *, allow_optimizer_change: bool = False
 ) -> None:
     """Restore an engine from a checkpoint written by ``save``, whatever the number of ranks
     and the sharding plan it was written with. A collective, like ``save``.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed.checkpoint as dcp
 
@@ -29,6 +29,9 @@ from embcore.checkpoint._dcp import Chunked, SavePlanner, dcp_args, dcp_errors, 
 from embcore.checkpoint._digest import digest_from_ints, digest_to_ints, sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor
 from embcore.sharding.comm import Comm
+
+if TYPE_CHECKING:  # annotations only: engines are seen through _engine_view
+    from embcore.engine import EmbeddingEngine
 
 __all__ = ["save"]
 
@@ -92,7 +95,7 @@ def _start(comm: Comm, path: str) -> tuple[_atomic.TempDir | None, str]:
     return tmp, os.path.join(os.path.dirname(os.path.abspath(path)), _decode(everyone[0][1:]))
 
 
-def save(engine: Any, path: str | os.PathLike[str]) -> None:
+def save(engine: EmbeddingEngine, path: str | os.PathLike[str]) -> None:
     """Write an engine's tables, slots and step to the directory ``path``, atomically.
 
     A collective: under a process group every rank calls it with the same path (on a file
