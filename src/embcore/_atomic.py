@@ -7,6 +7,7 @@ docs/reliability.md.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -216,11 +217,21 @@ def replace_dir(tmp: str | os.PathLike[str], path: str | os.PathLike[str], marke
     deleted. A crash in between leaves no ``path`` but the old directory intact beside it,
     never a mix of both."""
     path = Path(os.path.abspath(path))
-    old = None
     check_replaceable(path, marker)
-    if path.exists():
-        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.old-"))
+    if not path.exists():
+        publish_dir(tmp, path)
+        return
+    old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.old-"))
+    try:
         os.rename(path, old / path.name)
-    publish_dir(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        old.rmdir()
+        raise
+    try:
+        publish_dir(tmp, path)
+    except BaseException:  # another writer published meanwhile: put the old one back if we can
+        with contextlib.suppress(OSError):
+            os.rename(old / path.name, path)
+            old.rmdir()
+        raise
+    shutil.rmtree(old, ignore_errors=True)
