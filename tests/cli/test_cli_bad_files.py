@@ -163,7 +163,7 @@ def _checkpoint_file(ws: Workspace, tmp: Path, kind: str) -> tuple[Path, Path]:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from embcore.train.checkpoint import latest_checkpoint
+    from embcore.train.run_state import latest_checkpoint
 
     run = ws.copy_run(tmp / "run")
     newest = latest_checkpoint(run / "checkpoints")

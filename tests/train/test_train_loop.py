@@ -11,9 +11,9 @@ import torch
 
 from embcore.errors import UserError
 from embcore.train import loop
-from embcore.train.checkpoint import list_checkpoints, load_checkpoint
 from embcore.train.config import Config
 from embcore.train.loop import TrainResult, evaluate, train
+from embcore.train.run_state import list_checkpoints, load_checkpoint
 from embcore.train.sources import build_source
 
 

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from embcore.errors import UserError, reading
     from embcore.train.bundle import export_checkpoint
-    from embcore.train.checkpoint import latest_checkpoint
+    from embcore.train.run_state import latest_checkpoint
 
     checkpoint = args.checkpoint or latest_checkpoint(Path(args.run) / "checkpoints")
     if checkpoint is None:

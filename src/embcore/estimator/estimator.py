@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from embcore.errors import UserError, reading
-from embcore.estimator import io, state
+from embcore.estimator import model_dir as io
+from embcore.estimator import state
 from embcore.estimator.calls import accepted_args, iterate_input
 from embcore.estimator.spec import EstimatorSpec, ModeKeys
 from embcore.feature_column.config_spec import EmbeddingConfigSpec

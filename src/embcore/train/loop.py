@@ -29,7 +29,13 @@ import torch.nn.functional as F
 import embcore as ec
 from embcore.errors import UserError, reading
 from embcore.models import DLRM
-from embcore.train.checkpoint import (
+from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
+from embcore.train.metrics import auc, log_loss
+from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.progress import progress
+from embcore.train.report import plot_curves, summary_table
+from embcore.train.run_dir import RunDirectory
+from embcore.train.run_state import (
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
@@ -38,12 +44,6 @@ from embcore.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
-from embcore.train.metrics import auc, log_loss
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
-from embcore.train.progress import progress
-from embcore.train.report import plot_curves, summary_table
-from embcore.train.run_dir import RunDirectory
 from embcore.train.sources import EvalSet, build_source
 
 __all__ = ["Interrupted", "RunState", "TrainResult", "evaluate", "train"]

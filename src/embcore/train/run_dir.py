@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from embcore.errors import UserError
-from embcore.train.checkpoint import latest_checkpoint, list_checkpoints
+from embcore.train.run_state import latest_checkpoint, list_checkpoints
 
 __all__ = ["RunDirectory"]
 
