@@ -97,6 +97,10 @@ def test_hash_buckets_range_and_errors():
     assert len(set(b.tolist())) == 7  # 500 values spread over every bucket
     np.testing.assert_array_equal(b, [reference(v.encode()) % 7 for v in values])
     assert hash_buckets(np.array([], dtype=object), 3).tolist() == []
+    grid = np.array([["a", "b"], ["c", "d"]])  # arrays of any shape are flattened
+    np.testing.assert_array_equal(
+        hash_buckets(grid, 5), [reference(c.encode()) % 5 for c in "abcd"]
+    )
     with pytest.raises(ValueError, match="num_buckets"):
         hash_buckets(values, 0)
     with pytest.raises(TypeError, match="float"):

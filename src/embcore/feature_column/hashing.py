@@ -90,24 +90,25 @@ def fingerprints(values: Sequence[object] | np.ndarray) -> np.ndarray:
 
     Args:
         values: ``(N,)`` integers (any NumPy integer array, or Python ints), or strings / bytes
-            (an object, ``str`` or ``bytes`` array, or a list).
+            (an object, ``str`` or ``bytes`` array, or a list); arrays of any shape are
+            flattened.
 
     Raises:
         TypeError: a value that is neither a string, bytes nor an integer (floats, bools).
         ValueError: an integer outside int64, or a string that cannot be UTF-8 encoded.
     """
-    array = values if isinstance(values, np.ndarray) else None
-    out = np.empty(len(values), dtype=np.uint64)
-    if len(values) == 0:
+    array = values.reshape(-1) if isinstance(values, np.ndarray) else None
+    out = np.empty(len(values) if array is None else array.size, dtype=np.uint64)
+    if len(out) == 0:
         return out
     if array is not None and array.dtype.kind in "iu":
         if array.dtype.kind == "u" and array.size and int(array.max()) > _INT64_MAX:
             raise ValueError(f"fingerprint64: integer {int(array.max())} does not fit in int64")
-        fingerprint_int64(np.ascontiguousarray(array.reshape(-1), dtype=np.int64), out)
+        fingerprint_int64(np.ascontiguousarray(array, dtype=np.int64), out)
         return out
     if array is not None and array.dtype.kind in "fb":
         raise TypeError(f"fingerprint64: expected strings, bytes or integers, got {array.dtype}")
-    items = array.reshape(-1) if array is not None else list(values)
+    items = array if array is not None else list(values)
     if _is_int(items[0]):  # Python ints (NumPy int arrays took the path above)
         if not all(map(_is_int, items)):
             raise TypeError("fingerprint64: values mix integers with strings; give one kind")
