@@ -228,16 +228,19 @@ def fingerprint_separated(buf, out):
         out: ``(N,) uint64``, N >= 1, written.
     """
     n = out.shape[0]
+    ends = np.empty(n, dtype=np.int64)
     found = 0
-    start = 0
-    for p in range(buf.shape[0]):
+    for p in range(buf.shape[0]):  # find the separators, then hash
         if buf[p] == 0:
             if found == n - 1:
                 return n + 1  # more separators than values
-            out[found] = _hash64(buf, start, p - start)
+            ends[found] = p
             found += 1
-            start = p + 1
-    out[found] = _hash64(buf, start, buf.shape[0] - start)
+    ends[found] = buf.shape[0]
+    start = 0
+    for i in range(n):
+        out[i] = _hash64(buf, start, ends[i] - start)
+        start = ends[i] + 1
     return found + 1
 
 

@@ -115,7 +115,7 @@ def fingerprints(values: Sequence[object] | np.ndarray) -> np.ndarray:
         ints = np.array([_check_int64(v) for v in items], dtype=np.int64)
         fingerprint_int64(ints, out)
         return out
-    _hash_strings(items, out)
+    _hash_strings(items.tolist() if array is not None else items, out)  # join is faster on lists
     return out
 
 
