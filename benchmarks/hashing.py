@@ -1,7 +1,7 @@
 """Benchmark: TensorFlow's string hash (FarmHash Fingerprint64) over a batch of short strings.
 
-Hashes N random ASCII strings of 8 to 24 characters into buckets, three ways, and reports
-million strings per second (best of ``--repeats``):
+Hashes N random ASCII strings of 8 to 24 characters into buckets, three ways taking turns,
+and reports million strings per second (best of ``--repeats`` rounds) and the load average:
 
 * ``embcore hash_buckets``: ``embcore.feature_column.hashing.hash_buckets`` on an object array
   of ``str``, end to end (UTF-8 buffer and
@@ -25,13 +25,16 @@ from embcore.feature_column._farmhash import fingerprint_bytes
 from embcore.feature_column.hashing import hash_buckets
 
 
-def _best(fn, repeats: int) -> float:
-    times = []
+def _best_rates(rows, n: int, repeats: int) -> dict[str, float]:
+    """Million values per second of each method, best of ``repeats`` rounds; the methods
+    take turns in every round, so drift on a shared machine hits them alike."""
+    best = {name: float("inf") for name, _ in rows}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, fn in rows:
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: n / t / 1e6 for name, t in best.items()}
 
 
 def main() -> None:
@@ -68,10 +71,13 @@ def main() -> None:
         )
     except ImportError:
         print("(farmhash not installed: pip install cityhash for the per-value comparison)")
-    print(f"{args.n:,} strings of 8-24 bytes, best of {args.repeats}; {os.cpu_count()} cores")
+    rates = _best_rates(rows, args.n, args.repeats)
+    load = os.getloadavg()[0]
+    print(f"{args.n:,} strings of 8-24 bytes, best of {args.repeats} rounds; ", end="")
+    print(f"{os.cpu_count()} cores, load average {load:.1f}")
     print("| method | M strings/s |\n|---|---:|")
-    for name, fn in rows:
-        print(f"| {name} | {args.n / _best(fn, args.repeats) / 1e6:.1f} |")
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:.1f} |")
 
 
 if __name__ == "__main__":
