@@ -15,7 +15,7 @@ import torch
 import embcore as ec
 import embcore.compat
 from embcore import feature_column as fc
-from embcore.compat._tf_bundle import read_checkpoint
+from embcore.compat._tf_bundle import _signed_num_increasing, read_checkpoint
 from embcore.compat.tf_checkpoint import CheckpointError, load_tf_checkpoint
 from embcore.estimator import Estimator, EstimatorSpec, ModeKeys
 
@@ -108,6 +108,20 @@ def test_the_bundle_reader_reassembles_partitions():
         EXPECTED["values"]["tbl_b"]["parameters"],
     )
     assert all(v.dtype == np.float32 for v in parts.values())
+    rows = np.arange(1000, dtype=np.float32)  # 3 parts from rows 0, 334, 667
+    big = parts["input_layer/d_embedding/embedding_weights"]
+    np.testing.assert_array_equal(big, np.stack([rows, -rows], axis=1))
+
+
+def test_slice_key_numbers_keep_their_order():
+    # OrderedCode's defining property: byte order of the encodings is numeric order.
+    values = sorted({0, 1, -1, 63, 64, -64, -65, 334, 8191, 8192, -(2**20), 2**40, -(2**62)})
+    values += [-(2**63), 2**63 - 1]
+    values.sort()
+    encoded = [_signed_num_increasing(v) for v in values]
+    assert sorted(encoded) == encoded and len(set(encoded)) == len(encoded)
+    assert [len(e) for e in encoded[:3]] == [10, 9, 3]  # -2**63, -2**62, -2**20
+    assert _signed_num_increasing(5) == bytes([0x85]) and _signed_num_increasing(-1) == b"\x7f"
 
 
 def _unchanged(engine, before):
