@@ -116,3 +116,25 @@ def test_positions_of_raw_inputs():
     assert col.sequence_lengths().tolist() == [3, 2]
     full = fc.sequence_categorical_column_with_identity("x", 10).transform({"x": [[1, 2], []]})
     assert full.positions is None and full.sequence_lengths().tolist() == [2, 0]
+
+
+def test_tensor_core_lookup_drops_by_column_index():
+    # The dense ("tpu_tensor_core") lookup densifies to [B, width] by column index: an id at
+    # column 3 is dropped with width 2 although it is the second id of its row.
+    table = np.array(SAVED["table"], dtype=np.float32)
+    emb = fc.embedding_column(
+        fc.categorical_column_with_identity("x", 10),
+        2,
+        combiner="sum",
+        initializer=_init(table),
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 2],
+    )
+    sparse = torch.sparse_coo_tensor(
+        [[0, 0, 1, 1], [0, 3, 1, 2]], [3, 5, 7, 9], (2, 4), check_invariants=True
+    )
+    dense = np.array([[3, -1, -1, 5], [-1, 7, 9, -1]])  # the same ids and columns
+    for value in (sparse, dense):
+        with torch.no_grad():
+            out = fc.DenseFeatures([emb])({"x": value}).numpy()
+        np.testing.assert_allclose(out, np.stack([table[3], table[7]]), rtol=1e-6)

@@ -258,8 +258,9 @@ class EmbeddingLookup(nn.Module):
 def _dense_lookup(
     column: EmbeddingColumn, table: Tensor, col: ColumnIds, device: torch.device
 ) -> Tensor:
-    """The TensorCore lookup (SPEC 1.18): ids densified to ``[B, width]`` (positions >= width
-    dropped), ``sum`` or ``mean`` (``Σe / max(count, 1)``: empty rows are 0); weights ignored."""
+    """The TensorCore lookup (SPEC 1.18): ids densified to ``[B, width]`` (ids at positions,
+    i.e. column indices, >= width dropped), ``sum`` or ``mean`` (``Σe / max(count, 1)``: empty
+    rows are 0); weights ignored."""
     batch_dim, width = column.table.tensor_core_shape  # type: ignore[misc]
     rows = len(col.row_splits) - 1
     if batch_dim is not None and batch_dim != rows:
@@ -269,7 +270,9 @@ def _dense_lookup(
         )
     lengths = np.diff(col.row_splits)
     row_of = np.repeat(np.arange(rows, dtype=np.int64), lengths)
-    position = np.arange(len(col.ids)) - np.repeat(col.row_splits[:-1], lengths)
+    position = col.positions  # a sparse or padded input's column index, as TensorFlow's
+    if position is None:
+        position = np.arange(len(col.ids)) - np.repeat(col.row_splits[:-1], lengths)
     keep = position < width
     if column.table.use_safe_embedding_lookup:
         keep &= col.ids >= 0
