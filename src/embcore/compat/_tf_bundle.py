@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-__all__ = ["CheckpointError", "read_checkpoint"]
+__all__ = ["CheckpointError", "checkpoint_shapes", "read_checkpoint"]
 
 _MAGIC = 0xDB4775248B80FB57  # LevelDB table magic, the last 8 bytes of an .index file
 _DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
@@ -195,13 +195,13 @@ def _slice_key(name: str, extents: list[tuple[int, int]]) -> bytes:
 
 
 # ------------------------------------------------------------------------------ reading
-def _tensor(prefix: Path, entry: dict, name: str, shards: dict[int, bytes]) -> np.ndarray:
+def _tensor(prefix: Path, entry: dict, name: str, shards: dict) -> np.ndarray:
     dtype = _DTYPES.get(entry["dtype"])
     if dtype is None:
         kind = _DTYPE_NAMES.get(entry["dtype"], f"enum {entry['dtype']}")
         raise CheckpointError(f"{prefix}: tensor '{name}' has dtype {kind}, not a number type")
     data = shards[entry["shard_id"]][entry["offset"] : entry["offset"] + entry["size"]]
-    raw = np.frombuffer(data, dtype=np.uint8)
+    raw = np.asarray(np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data)
     if len(raw) != entry["size"]:
         raise CheckpointError(f"{prefix}: tensor '{name}' runs past the end of its data file")
     if entry["crc32c"] is not None and _masked_crc32c(raw) != entry["crc32c"]:
@@ -209,40 +209,60 @@ def _tensor(prefix: Path, entry: dict, name: str, shards: dict[int, bytes]) -> n
     return raw.view(np.dtype(dtype).newbyteorder("<")).reshape(entry["shape"]).copy()
 
 
-def read_checkpoint(prefix: str | Path) -> dict[str, np.ndarray]:
-    """Every numeric tensor of a TensorFlow checkpoint, partitioned ones put back together.
+def _entries(prefix: Path) -> dict[bytes, bytes]:
+    entries = _index(prefix.with_name(prefix.name + ".index"))
+    header = dict(_fields(entries.get(b"", b"")))
+    if header.get(2, 0) != 0:  # BundleHeaderProto.endianness: LITTLE = 0
+        raise CheckpointError(f"{prefix}: big-endian checkpoints are not supported")
+    return entries
+
+
+def checkpoint_shapes(prefix: str | Path) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of every numeric tensor of a checkpoint, read from its index only."""
+    out = {}
+    for key, value in _entries(Path(prefix)).items():
+        if key and not key.startswith(b"\x00"):  # not the header, not one slice of a tensor
+            entry = _entry(value)
+            if entry["dtype"] != 7:  # strings: the object graph and other bookkeeping
+                out[key.decode("utf-8", "replace")] = tuple(entry["shape"])
+    return out
+
+
+def read_checkpoint(prefix: str | Path, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Numeric tensors of a TensorFlow checkpoint, partitioned ones put back together.
 
     Args:
         prefix: the checkpoint prefix (``.../model.ckpt-7``, ``.../ckpt-1``), without
             ``.index``.
+        names: the tensors to read (see :func:`checkpoint_shapes`); ``None`` reads them all.
+            The data files are memory-mapped, so only these tensors are read from disk.
 
     Returns:
         ``{name: array}`` with the stored dtypes and shapes; string tensors (the object graph)
         are left out.
 
     Raises:
-        CheckpointError: a missing or unreadable file, a failed checksum, or a tensor whose
-            slices do not cover it.
+        CheckpointError: a missing or unreadable file, a failed checksum, an unknown name, or
+            a tensor whose slices do not cover it.
     """
     prefix = Path(prefix)
-    entries = _index(prefix.with_name(prefix.name + ".index"))
-    header = dict(_fields(entries.get(b"", b"")))
-    num_shards = int(header.get(1, 1))  # type: ignore[arg-type]
+    entries = _entries(prefix)
+    num_shards = int(dict(_fields(entries.get(b"", b""))).get(1, 1))  # type: ignore[arg-type]
     shards = {}
     for i in range(num_shards):
         path = prefix.with_name(f"{prefix.name}.data-{i:05d}-of-{num_shards:05d}")
         try:
-            shards[i] = path.read_bytes()
+            size = path.stat().st_size
+            shards[i] = np.memmap(path, dtype=np.uint8, mode="r") if size else b""
         except OSError as e:
             raise CheckpointError(f"{path}: cannot read the checkpoint data ({e})") from e
+    wanted = list(checkpoint_shapes(prefix)) if names is None else names
     out: dict[str, np.ndarray] = {}
-    for key, value in entries.items():
-        if not key or key.startswith(b"\x00"):
-            continue  # the header, or one slice of a partitioned tensor (read below)
-        name = key.decode("utf-8", "replace")
+    for name in wanted:
+        value = entries.get(name.encode())
+        if value is None:
+            raise CheckpointError(f"{prefix}: no tensor '{name}' in the checkpoint")
         entry = _entry(value)
-        if entry["dtype"] == 7:
-            continue  # strings: the object graph and other bookkeeping
         if not entry["slices"]:
             out[name] = _tensor(prefix, entry, name, shards)
             continue

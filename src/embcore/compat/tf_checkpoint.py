@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embcore.compat._tf_bundle import CheckpointError, read_checkpoint
+from embcore.compat._tf_bundle import CheckpointError, checkpoint_shapes, read_checkpoint
 from embcore.engine import EmbeddingEngine
 
 __all__ = ["CheckpointError", "load_tf_checkpoint", "resolve_checkpoint_prefix"]
@@ -162,8 +162,8 @@ def load_tf_checkpoint(
         )
     engine = _engine_of(target)
     prefix = resolve_checkpoint_prefix(path)
-    tensors = read_checkpoint(prefix)
-    names = sorted(tensors)
+    shapes = checkpoint_shapes(prefix)  # the index only: tensors are read once they map
+    names = sorted(shapes)
     layout = _detect(names) if layout == "auto" else layout
     overrides = dict(variable_names or {})
     unknown = sorted(set(overrides) - set(engine.table_names))
@@ -174,24 +174,20 @@ def load_tf_checkpoint(
         )
     state = engine.state_dict()
     loaded: dict[str, str] = {}
-    updates: dict[str, torch.Tensor] = {}
 
     def take(key: str, name: str, what: str) -> None:
-        value = tensors[name]
         expected = tuple(state[key].shape)
-        if tuple(value.shape) != expected:
+        if shapes[name] != expected:
             raise CheckpointError(
                 f"{prefix}: {what}: checkpoint tensor '{name}' has shape "
-                f"{list(value.shape)}, the engine expects {list(expected)}"
+                f"{list(shapes[name])}, the engine expects {list(expected)}"
             )
-        dtype = state[key].dtype
-        updates[key] = torch.from_numpy(np.ascontiguousarray(value)).to(dtype)
         loaded[key] = name
 
     for table in engine.tables:
         what = f"table '{table.name}'"
         if table.name in overrides:
-            found = [overrides[table.name]] if overrides[table.name] in tensors else []
+            found = [overrides[table.name]] if overrides[table.name] in shapes else []
             looked_for = f"'{overrides[table.name]}' (from variable_names)"
         elif layout == "midlevel":
             found = _midlevel_table(table.name, names)
@@ -229,12 +225,14 @@ def load_tf_checkpoint(
                     f"{sorted(f'{o}.{s}' for o, s in _ESTIMATOR_SLOTS)}); pass slots=False "
                     "to load the tables only"
                 )
-            if name not in tensors:
+            if name not in shapes:
                 raise CheckpointError(
                     f"{prefix}: {where} is not in the checkpoint (looked for '{name}'); was it "
                     "written with another optimizer? Pass slots=False to load the tables only"
                 )
             take(key, name, where)
-    state.update(updates)
-    engine.load_state_dict(state)  # everything checked: one update
+    tensors = read_checkpoint(prefix, list(loaded.values()))  # checksums verified here
+    for key, name in loaded.items():
+        state[key] = torch.from_numpy(np.ascontiguousarray(tensors[name])).to(state[key].dtype)
+    engine.load_state_dict(state)  # everything checked and read: one update
     return loaded
