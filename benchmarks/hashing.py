@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from embcore.feature_column._farmhash import fingerprint_bytes
 from embcore.feature_column.hashing import hash_buckets
+from embcore.ops.cpu.farmhash import fingerprint_bytes
 
 
 def _best_rates(rows, n: int, repeats: int) -> dict[str, float]:

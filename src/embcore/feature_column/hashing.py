@@ -9,7 +9,7 @@ bucket is that modulo the number of buckets, exactly as ``tf.strings.to_hash_buc
 Integers are hashed through their decimal text (``-12`` hashes as ``"-12"``), as TensorFlow
 hashes integer features through ``as_string``; bytes are hashed as they are. A model ported
 from TensorFlow therefore puts every value in the same bucket as it did there. Batches are
-hashed by the Numba kernels of ``_farmhash`` (no Python call per value). See
+hashed by the Numba kernels of ``embcore.ops.cpu.farmhash`` (no Python call per value). See
 docs/feature_columns.md, "The hash".
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embcore.feature_column._farmhash import (
+from embcore.ops.cpu.farmhash import (
     fingerprint_bytes,
     fingerprint_int64,
     fingerprint_separated,
