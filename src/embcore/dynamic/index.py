@@ -1,0 +1,233 @@
+"""A growable CPU hash index from int64 keys to row numbers, for dynamic tables.
+
+Every int64 is a valid key (both extremes included): emptiness is a control byte per slot,
+never a reserved key. Keys, row numbers and control bytes live in separate arrays (13 bytes a
+slot with int32 rows); the table grows by 1.5x when its load passes 0.85, so it holds between
+about 15 and 23 bytes per key. New keys take rows freed by :meth:`KeyIndex.remove` (smallest
+first), else fresh rows at the end. Lookups run on several threads (read-only, so the result
+is the same for any thread count); inserts and removals run on one. An insert that needs
+memory that cannot be had raises :class:`IndexMemoryError` naming the sizes, before any change.
+See docs/dynamic_tables.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from embcore.dynamic import _kernels
+from embcore.ops.cpu import threads
+
+__all__ = ["GROWTH", "MAX_LOAD", "IndexMemoryError", "KeyIndex"]
+
+#: the table grows when its load (keys / slots) would pass this
+MAX_LOAD = 0.85
+#: by this factor (or more, if one insert needs more)
+GROWTH = 1.5
+_MIN_SLOTS = 16
+_MAX_SLOTS = (1 << 32) - 1  # the home slot is computed from 32 hash bits
+
+
+class IndexMemoryError(MemoryError):
+    """The index could not get the memory a batch of new keys needs; nothing was changed."""
+
+
+def _empty(shape: int, dtype: type) -> np.ndarray:
+    """Allocation point of the index (one place, so a test can make it fail)."""
+    return np.empty(shape, dtype)
+
+
+def _keys_array(keys: np.ndarray, table: str, op: str) -> np.ndarray:
+    if not isinstance(keys, np.ndarray) or keys.dtype != np.int64 or keys.ndim != 1:
+        got = (
+            f"{keys.dtype} array of shape {keys.shape}"
+            if isinstance(keys, np.ndarray)
+            else type(keys).__name__
+        )
+        raise TypeError(f"table '{table}': KeyIndex.{op} takes a 1-D int64 array, got {got}")
+    return np.ascontiguousarray(keys)
+
+
+class KeyIndex:
+    """Maps int64 keys to row numbers ``0 .. num_rows - 1`` of a table's row storage.
+
+    Args:
+        table: the table's name, for error messages.
+        capacity: keys to make room for up front (the index grows past it as needed).
+        row_dtype: ``np.int32`` (4 bytes a slot; up to 2**31 - 1 rows) or ``np.int64``.
+    """
+
+    def __init__(self, table: str, capacity: int = 0, row_dtype: type = np.int32) -> None:
+        if np.dtype(row_dtype) not in (np.dtype(np.int32), np.dtype(np.int64)):
+            raise ValueError(
+                f"table '{table}': KeyIndex row_dtype must be int32 or int64, got {row_dtype}"
+            )
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
+            raise ValueError(
+                f"table '{table}': KeyIndex capacity must be an int >= 0, got {capacity!r}"
+            )
+        self.table = table
+        self.row_dtype = np.dtype(row_dtype)
+        slots = self._slots_for(capacity)
+        self._ctrl, self._keys, self._rows = self._allocate(slots, len_now=0)
+        self._size = 0
+        self._next_row = 0
+        self._free = np.empty(0, self.row_dtype)  # a stack: the smallest free row on top
+        self._n_free = 0
+
+    # ---------------------------------------------------------------- sizes
+
+    def __len__(self) -> int:
+        """The number of keys held."""
+        return self._size
+
+    @property
+    def capacity(self) -> int:
+        """The number of slots (keys held before the next growth: ``MAX_LOAD * capacity``)."""
+        return int(self._ctrl.size)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows handed out so far, held or free: the row storage needs this many rows."""
+        return self._next_row
+
+    @property
+    def num_free(self) -> int:
+        """Rows freed by removals and not yet reused."""
+        return self._n_free
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the slot arrays and the free list."""
+        arrays = (self._ctrl, self._keys, self._rows, self._free)
+        return sum(int(a.nbytes) for a in arrays)
+
+    def bytes_per_key(self) -> float:
+        """``nbytes / len(self)`` (``nan`` when empty)."""
+        return self.nbytes / self._size if self._size else math.nan
+
+    # ---------------------------------------------------------------- operations
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """``keys: (N,) int64`` -> ``(N,) int64``: each key's row, or -1 if it has none."""
+        keys = _keys_array(keys, self.table, "find")
+        out = np.empty(keys.size, np.int64)
+        workers = threads.num_workers(keys.size)
+        threads.run(_kernels.find, self._ctrl, self._keys, self._rows, keys, out, workers=workers)
+        return out
+
+    def insert(self, keys: np.ndarray) -> np.ndarray:
+        """``keys: (N,) int64`` -> ``(N,) int64`` rows, giving a row to every key without one."""
+        return self.insert_new(keys)[0]
+
+    def insert_new(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`insert`, also returning ``new: (N,) bool``, true at the first occurrence
+        of each key this call gave a row. New keys get rows in order of first occurrence.
+
+        Raises:
+            IndexMemoryError: the slot arrays could not grow, or the rows would pass what
+                ``row_dtype`` holds; the index is unchanged.
+        """
+        keys = _keys_array(keys, self.table, "insert")
+        rows = self.find(keys)
+        new = np.zeros(keys.size, np.bool_)
+        absent = np.flatnonzero(rows < 0)
+        if absent.size == 0:
+            return rows, new
+        missing = keys[absent]
+        needed = missing.size  # an upper bound: the missing keys may repeat
+        if not self._fits(needed, grown=True):  # exact, when growing once may not cover it
+            ordered = np.sort(missing)
+            needed = 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
+        self._reserve(needed)
+        got = np.empty(missing.size, np.int64)
+        got_new = np.empty(missing.size, np.bool_)
+        self._n_free, self._next_row = _kernels.insert(
+            self._ctrl,
+            self._keys,
+            self._rows,
+            missing,
+            got,
+            got_new,
+            self._free,
+            self._n_free,
+            self._next_row,
+        )
+        self._size += int(got_new.sum())
+        rows[absent] = got
+        new[absent] = got_new
+        return rows, new
+
+    def remove(self, keys: np.ndarray) -> np.ndarray:
+        """Remove the keys that have a row; returns their freed rows ``(F,) int64`` in the
+        order the keys were given (absent keys are skipped). Freed rows are reused by later
+        inserts, smallest first."""
+        keys = _keys_array(keys, self.table, "remove")
+        freed = np.empty(keys.size, self.row_dtype)
+        n = _kernels.remove(self._ctrl, self._keys, self._rows, keys, freed)
+        if n:
+            self._size -= n
+            stack = np.concatenate([self._free[: self._n_free], freed[:n]])
+            self._free = np.sort(stack)[::-1].copy()  # pop from the end: smallest first
+            self._n_free = self._free.size
+        return freed[:n].astype(np.int64)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, rows)``: every key held, ``(R,) int64`` sorted, and its row ``(R,) int64``."""
+        held = self._ctrl != 0
+        keys, rows = self._keys[held], self._rows[held].astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        return keys[order], rows[order]
+
+    # ---------------------------------------------------------------- growth
+
+    @staticmethod
+    def _slots_for(keys: int) -> int:
+        return max(_MIN_SLOTS, math.ceil(keys / MAX_LOAD) + 1)
+
+    def _allocate(self, slots: int, len_now: int) -> tuple[np.ndarray, ...]:
+        per_slot = 1 + 8 + self.row_dtype.itemsize
+        if slots > _MAX_SLOTS:
+            raise IndexMemoryError(
+                f"table '{self.table}': the key index cannot grow to {slots} slots for "
+                f"{len_now} keys (at most {_MAX_SLOTS} slots)"
+            )
+        try:
+            ctrl = _empty(slots, np.uint8)
+            keys = _empty(slots, np.int64)
+            rows = _empty(slots, self.row_dtype)
+        except MemoryError as e:
+            raise IndexMemoryError(
+                f"table '{self.table}': could not allocate the key index's {slots} slots "
+                f"({slots * per_slot} bytes) for {len_now} keys; the index is unchanged"
+            ) from e
+        ctrl.fill(0)
+        return ctrl, keys, rows
+
+    def _fits(self, new_keys: int, grown: bool = False) -> bool:
+        """Whether ``new_keys`` more keys fit now (or after one growth step, if ``grown``)."""
+        fresh_rows = max(0, new_keys - self._n_free)
+        slots = math.ceil(self.capacity * GROWTH) if grown else self.capacity
+        return (
+            self._size + new_keys <= MAX_LOAD * slots
+            and self._next_row + fresh_rows - 1 <= np.iinfo(self.row_dtype).max
+        )
+
+    def _reserve(self, new_keys: int) -> None:
+        """Make room for ``new_keys`` more keys (slots and row numbers), or raise unchanged."""
+        fresh_rows = max(0, new_keys - self._n_free)
+        limit = np.iinfo(self.row_dtype).max
+        if self._next_row + fresh_rows - 1 > limit:
+            raise IndexMemoryError(
+                f"table '{self.table}': {self._size} keys + {new_keys} new need row "
+                f"{self._next_row + fresh_rows - 1}, past the {self.row_dtype} row limit "
+                f"{limit}; use row_dtype=np.int64"
+            )
+        wanted = self._size + new_keys
+        if wanted <= MAX_LOAD * self.capacity:
+            return
+        slots = max(self._slots_for(wanted), math.ceil(self.capacity * GROWTH))
+        ctrl, keys, rows = self._allocate(slots, len_now=wanted)
+        _kernels.rehash(self._ctrl, self._keys, self._rows, ctrl, keys, rows)
+        self._ctrl, self._keys, self._rows = ctrl, keys, rows
