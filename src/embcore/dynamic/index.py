@@ -159,6 +159,12 @@ class KeyIndex:
         new[absent] = got_new
         return rows, new
 
+    def reserve(self, new_keys: int) -> None:
+        """Make room for ``new_keys`` more keys now, so that inserting that many allocates
+        nothing. Raises :class:`IndexMemoryError` (index unchanged) if it cannot."""
+        if not self._fits(new_keys):
+            self._reserve(new_keys)
+
     def remove(self, keys: np.ndarray) -> np.ndarray:
         """Remove the keys that have a row; returns their freed rows ``(F,) int64`` in the
         order the keys were given (absent keys are skipped). Freed rows are reused by later

@@ -88,6 +88,17 @@ class PendingCounts:
             out[~held] = self._estimate(keys[~held])
         return out
 
+    def reserve(self, new_keys: int) -> None:
+        """Allocate now what adding ``new_keys`` keys not yet counted may need, so that
+        :meth:`add` of that many allocates nothing. Raises :class:`IndexMemoryError`."""
+        room = max(0, self.exact_limit - len(self._index))
+        enter = min(room, new_keys)
+        self._index.reserve(enter)
+        need = self._index.num_rows + enter
+        self._count, self._last = self._grown(self._count, need), self._grown(self._last, need)
+        if new_keys > room and self._sketch is None:
+            self._make_sketch()
+
     def add(self, keys: np.ndarray, totals: np.ndarray, step: int) -> None:
         """Set the counts of ``keys: (N,) int64`` (distinct) to ``totals: (N,) int64`` (their
         :meth:`counts` plus this lookup's occurrences) and their last-seen step to ``step``.
