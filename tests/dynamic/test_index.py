@@ -180,7 +180,7 @@ def test_a_failed_growth_raises_naming_the_sizes_and_changes_nothing(monkeypatch
         raise MemoryError("Unable to allocate")
 
     monkeypatch.setattr(index_module, "_empty", no_memory)
-    with pytest.raises(IndexMemoryError, match=r"table 'user'.*slots \(\d+ bytes\) for 16 keys"):
+    with pytest.raises(IndexMemoryError, match=r"table 'user'.*slots \(\d+ bytes\) for 13 keys"):
         index.insert(arr([100, 101, 4, 102]))
     after = (index.items(), len(index), index.capacity, index.num_rows, index.num_free)
     assert after[1:] == before[1:]

@@ -101,44 +101,46 @@ def find(ctrl, keys, rows, query, out, worker, workers):  # type: ignore[no-unty
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def insert(ctrl, keys, rows, query, out, new, free, n_free, next_row):  # type: ignore[no-untyped-def]
-    """Insert every key of ``query`` not present; ``out[i]`` = its row, ``new[i]`` = whether
-    this call gave it its row (first occurrence only). New rows come from the top of the
-    ``free[:n_free]`` stack, then ``next_row, next_row + 1, ...``. The caller guarantees room
-    (free slots stay above zero). Returns the new ``(n_free, next_row)``."""
+def insert(
+    ctrl, keys, rows, query, first, out, new, free, n_free, next_row, size, max_size, row_limit
+):  # type: ignore[no-untyped-def]
+    """Insert the keys ``query[first:]`` not present; ``out[i]`` = the key's row, ``new[i]`` =
+    whether this call gave it its row (first occurrence only). New rows come from the top of
+    the ``free[:n_free]`` stack, then ``next_row, next_row + 1, ...``.
+
+    Stops before a new key that would take the table past ``max_size`` keys or need a row past
+    ``row_limit``. Returns ``(i, n_free, next_row, size)``: ``i`` is where it stopped
+    (``query.size`` when done) and the rest the new state.
+    """
     n = query.size
     hashes = np.empty(_AHEAD, np.uint64)
-    for start in range(0, n, _AHEAD):
+    for start in range(first, n, _AHEAD):
         stop = min(start + _AHEAD, n)
         _hash_ahead(ctrl, keys, rows, query, start, stop, hashes)
         for i in range(start, stop):
-            n_free, next_row = _insert_one(
-                ctrl, keys, rows, query[i], hashes[i - start], out, new, i, free, n_free, next_row
-            )
-    return n_free, next_row
-
-
-@njit(cache=True, inline="always")
-def _insert_one(ctrl, keys, rows, key, h, out, new, i, free, n_free, next_row):  # type: ignore[no-untyped-def]
-    """Insert one key (hash ``h``) if absent, writing ``out[i]`` and ``new[i]``."""
-    p = _probe(ctrl, keys, ctrl.size, key, h)
-    if p >= 0:
-        out[i] = rows[p]
-        new[i] = False
-        return n_free, next_row
-    p = -1 - p
-    if n_free > 0:
-        n_free -= 1
-        r = np.int64(free[n_free])
-    else:
-        r = next_row
-        next_row += 1
-    ctrl[p] = _fingerprint(h)
-    keys[p] = key
-    rows[p] = r
-    out[i] = r
-    new[i] = True
-    return n_free, next_row
+            key = query[i]
+            h = hashes[i - start]
+            p = _probe(ctrl, keys, ctrl.size, key, h)
+            if p >= 0:
+                out[i] = rows[p]
+                new[i] = False
+                continue
+            if size >= max_size or (n_free == 0 and next_row > row_limit):
+                return i, n_free, next_row, size
+            p = -1 - p
+            if n_free > 0:
+                n_free -= 1
+                r = np.int64(free[n_free])
+            else:
+                r = next_row
+                next_row += 1
+            ctrl[p] = _fingerprint(h)
+            keys[p] = key
+            rows[p] = r
+            out[i] = r
+            new[i] = True
+            size += 1
+    return n, n_free, next_row, size
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -130,34 +130,32 @@ class KeyIndex:
                 ``row_dtype`` holds; the index is unchanged.
         """
         keys = _keys_array(keys, self.table, "insert")
-        rows = self.find(keys)
-        new = np.zeros(keys.size, np.bool_)
-        absent = np.flatnonzero(rows < 0)
-        if absent.size == 0:
-            return rows, new
-        missing = keys[absent]
-        needed = missing.size  # an upper bound: the missing keys may repeat
-        if not self._fits(needed, grown=True):  # exact, when growing once may not cover it
-            ordered = np.sort(missing)
-            needed = 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
-        self._reserve(needed)
-        got = np.empty(missing.size, np.int64)
-        got_new = np.empty(missing.size, np.bool_)
-        self._n_free, self._next_row = _kernels.insert(
-            self._ctrl,
-            self._keys,
-            self._rows,
-            missing,
-            got,
-            got_new,
-            self._free,
-            self._n_free,
-            self._next_row,
-        )
-        self._size += int(got_new.sum())
-        rows[absent] = got
-        new[absent] = got_new
-        return rows, new
+        rows = np.empty(keys.size, np.int64)
+        new = np.empty(keys.size, np.bool_)
+        saved = (self._n_free, self._next_row, self._size)
+        limit = int(np.iinfo(self.row_dtype).max)
+        done = 0
+        while True:
+            done, self._n_free, self._next_row, self._size = _kernels.insert(
+                self._ctrl, self._keys, self._rows, keys, done, rows, new, self._free,
+                self._n_free, self._next_row, self._size, self._max_size(), limit,
+            )  # fmt: skip
+            if done == keys.size:
+                return rows, new
+            try:
+                if self._n_free == 0 and self._next_row > limit:
+                    raise IndexMemoryError(
+                        f"table '{self.table}': a new key would need row {self._next_row}, "
+                        f"past the {self.row_dtype} row limit {limit} ({self._size} keys held); "
+                        "use row_dtype=np.int64; the index is unchanged"
+                    )
+                self._grow(math.ceil(self.capacity * GROWTH))
+            except IndexMemoryError:
+                # undo this call's inserts: the same keys map to the same rows as before
+                added = keys[:done][new[:done]]
+                _kernels.remove(self._ctrl, self._keys, self._rows, added, rows[: added.size])
+                self._n_free, self._next_row, self._size = saved
+                raise
 
     def reserve(self, new_keys: int) -> None:
         """Make room for ``new_keys`` more keys now, so that inserting that many allocates
@@ -211,12 +209,11 @@ class KeyIndex:
         ctrl.fill(0)
         return ctrl, keys, rows
 
-    def _fits(self, new_keys: int, grown: bool = False) -> bool:
-        """Whether ``new_keys`` more keys fit now (or after one growth step, if ``grown``)."""
+    def _fits(self, new_keys: int) -> bool:
+        """Whether ``new_keys`` more keys fit in the slots and row numbers now."""
         fresh_rows = max(0, new_keys - self._n_free)
-        slots = math.ceil(self.capacity * GROWTH) if grown else self.capacity
         return (
-            self._size + new_keys <= MAX_LOAD * slots
+            self._size + new_keys <= self._max_size()
             and self._next_row + fresh_rows - 1 <= np.iinfo(self.row_dtype).max
         )
 
@@ -231,9 +228,15 @@ class KeyIndex:
                 f"{limit}; use row_dtype=np.int64"
             )
         wanted = self._size + new_keys
-        if wanted <= MAX_LOAD * self.capacity:
-            return
-        slots = max(self._slots_for(wanted), math.ceil(self.capacity * GROWTH))
-        ctrl, keys, rows = self._allocate(slots, len_now=wanted)
+        if wanted > self._max_size():
+            self._grow(max(self._slots_for(wanted), math.ceil(self.capacity * GROWTH)))
+
+    def _max_size(self) -> int:
+        """Keys the slots hold before the table must grow."""
+        return min(int(MAX_LOAD * self.capacity), self.capacity - 1)
+
+    def _grow(self, slots: int) -> None:
+        """Rehash into ``slots`` slots, or raise :class:`IndexMemoryError` unchanged."""
+        ctrl, keys, rows = self._allocate(slots, len_now=self._size)
         _kernels.rehash(self._ctrl, self._keys, self._rows, ctrl, keys, rows)
         self._ctrl, self._keys, self._rows = ctrl, keys, rows
