@@ -218,3 +218,57 @@ def test_random_sequences_match_the_model(k, ttl, cap, sequence):
             assert ks.end_step().keys.tolist() == model.end_step()
         assert state(ks) == model.held
         assert ks.num_rows == model.next_row
+
+
+def without_rows(held: dict[int, list[int]]) -> dict[int, list[int]]:
+    return {key: value[1:] for key, value in held.items()}
+
+
+@settings_
+@given(
+    k=st.integers(1, 3),
+    ttl=st.sampled_from([None, 1, 3]),
+    cap=st.sampled_from([None, 2, 5]),
+    before=st.lists(op, max_size=15),
+    after=st.lists(op, max_size=15),
+)
+def test_a_restored_key_space_continues_like_the_original(k, ttl, cap, before, after):
+    ks, model = space(k, ttl, cap), Model(k, ttl, cap)
+    for sequence in (before, after):
+        for name, keys in sequence:
+            if name == "train":
+                got = ks.train(a(keys))
+                rows, new, _ = model.train(keys)
+                assert ((got.rows >= 0).tolist(), got.new_keys.tolist()) == (
+                    [r >= 0 for r in rows],
+                    new,
+                )
+            elif name == "lookup":
+                assert (ks.lookup(a(keys)) >= 0).tolist() == [r >= 0 for r in model.lookup(keys)]
+            else:
+                assert ks.end_step().keys.tolist() == model.end_step()
+            assert without_rows(state(ks)) == without_rows(model.held)
+        saved = ks.state()
+        ks = KeySpace.from_state(
+            "user", saved, CountAdmission(min_count=k), Eviction(steps_to_live=ttl, max_rows=cap)
+        )
+        assert ks.step == model.step
+        assert ks.keys().tolist() == sorted(model.held)
+        assert ks.items()[1].tolist() == list(range(len(model.held)))  # compacted, by key
+        if k > 1:
+            pending = ks.pending.state()
+            expected = sorted(model.pending.items())
+            assert pending["keys"].tolist() == [key for key, _ in expected]
+            assert pending["counts"].tolist() == [c for _, (c, _) in expected]
+            assert pending["last_seen"].tolist() == [s for _, (_, s) in expected]
+
+
+def test_a_bad_saved_state_raises_naming_the_table_and_array():
+    saved = space().state()
+    saved["keys"] = a([3, 1])
+    saved["freq"] = saved["last_seen"] = a([1, 1])
+    with pytest.raises(ValueError, match="table 'ads': saved 'keys' must be strictly ascending"):
+        KeySpace.from_state("ads", saved)
+    saved["freq"] = np.array([1.0, 1.0])
+    with pytest.raises(ValueError, match=r"table 'ads': saved 'freq' must be \(2,\) int64"):
+        KeySpace.from_state("ads", saved)

@@ -182,6 +182,58 @@ class KeySpace:
         keys, rows = self._index.items()
         return keys, rows, self._freq[rows], self._last[rows]
 
+    # ---------------------------------------------------------------- checkpoints
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything but the row values, as arrays by ascending key (for checkpoints).
+
+        ``step`` ``() int64``; ``keys``, ``rows``, ``freq``, ``last_seen`` ``(R,) int64`` (the
+        store saves its row values in this order, gathering ``rows``); and the pending counts
+        under ``pending/<name>`` (see :meth:`.PendingCounts.state`).
+        """
+        keys, rows, freq, last = self.items()
+        out = {"step": np.array(self.step, np.int64), "keys": keys, "rows": rows}
+        out |= {"freq": freq, "last_seen": last}
+        if self._pending is not None:
+            out |= {f"pending/{k}": v for k, v in self._pending.state().items()}
+        return out
+
+    @classmethod
+    def from_state(
+        cls,
+        table: str,
+        state: dict[str, np.ndarray],
+        admission: CountAdmission | None = None,
+        eviction: Eviction | None = None,
+        exact_pending: int = EXACT_LIMIT,
+    ) -> KeySpace:
+        """A key space restored from :meth:`state`: key ``keys[i]`` holds row ``i`` (the store
+        loads its saved row values in that order; rows are compacted, free rows dropped)."""
+        keys = np.asarray(state["keys"])
+        n = keys.size
+        for name in ("keys", "freq", "last_seen"):
+            value = np.asarray(state[name])
+            if value.dtype != np.int64 or value.shape != (n,):
+                raise ValueError(
+                    f"table '{table}': saved '{name}' must be ({n},) int64, got "
+                    f"{value.shape} {value.dtype}"
+                )
+        if n > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"table '{table}': saved 'keys' must be strictly ascending")
+        out = cls(table, admission, eviction, capacity=n, exact_pending=exact_pending)
+        out.step = int(state["step"])
+        out._index.insert(keys)
+        out._key, out._freq, out._last = (
+            keys.copy(),
+            state["freq"].copy(),
+            state["last_seen"].copy(),
+        )
+        out._live = np.ones(n, np.bool_)
+        if out._pending is not None and "pending/keys" in state:
+            saved = {k[len("pending/") :]: v for k, v in state.items() if k.startswith("pending/")}
+            out._pending.load(saved)
+        return out
+
     def _grown(self, array: np.ndarray, size: int) -> np.ndarray:
         if size <= array.size:
             return array

@@ -140,6 +140,40 @@ class PendingCounts:
         keys, rows = self._index.items()
         return keys, self._count[rows], self._last[rows]
 
+    def state(self) -> dict[str, np.ndarray]:
+        """The counts as arrays (for checkpoints): ``keys``, ``counts``, ``last_seen`` by key,
+        plus ``sketch`` ``(depth, width) int64`` and ``sketched`` once the sketch is used."""
+        keys, counts, last = self.items()
+        out = {"keys": keys, "counts": counts, "last_seen": last}
+        if self._sketch is not None:
+            out["sketch"] = self._sketch.copy()
+            out["sketched"] = np.array(self.sketched, np.int64)
+        return out
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the counts of an empty instance with :meth:`state`'s arrays."""
+        keys = state["keys"]
+        if len(self) or self._sketch is not None:
+            raise ValueError(f"table '{self.table}': PendingCounts.load needs an empty instance")
+        if keys.size > self.exact_limit:
+            raise ValueError(
+                f"table '{self.table}': {keys.size} pending keys saved, more than exact_limit "
+                f"{self.exact_limit}"
+            )
+        rows = self._index.insert(keys)
+        self._count = self._grown(self._count, self._index.num_rows)
+        self._last = self._grown(self._last, self._index.num_rows)
+        self._count[rows], self._last[rows] = state["counts"], state["last_seen"]
+        if "sketch" in state:
+            sketch = np.asarray(state["sketch"], np.int64)
+            if sketch.shape != (self._depth, self._width):
+                raise ValueError(
+                    f"table '{self.table}': saved pending sketch has shape {sketch.shape}, "
+                    f"expected {(self._depth, self._width)}"
+                )
+            self._sketch = sketch.copy()
+            self.sketched = int(state["sketched"])
+
     # ---------------------------------------------------------------- internals
 
     def _grown(self, array: np.ndarray, size: int) -> np.ndarray:
