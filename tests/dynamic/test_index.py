@@ -203,7 +203,9 @@ def test_running_out_of_int32_rows_raises_unchanged():
     "bad", [np.array([1.0]), np.array([1], np.int32), [1, 2], np.zeros((2, 2), np.int64)]
 )
 def test_keys_must_be_a_1d_int64_array(bad):
-    with pytest.raises(TypeError, match=r"table 'clicks': KeyIndex\.find takes a 1-D int64 array"):
+    with pytest.raises(
+        TypeError, match=r"table 'clicks': KeyIndex\.find takes a 1-D int64 array of keys, got"
+    ):
         KeyIndex("clicks").find(bad)
 
 

@@ -109,7 +109,9 @@ def test_new_rows_errors_name_the_table_and_the_problem():
         new_rows(keys, table="ads", dim=3, seed=0, initializer=lambda s: np.zeros(s, np.int64))
     with pytest.raises(ValueError, match="table 'ads': new_rows takes strictly ascending keys"):
         new_rows(keys[::-1].copy(), table="ads", dim=3, seed=0)
-    with pytest.raises(TypeError, match="table 'ads': keys must be a 1-D int64 array"):
+    with pytest.raises(
+        TypeError, match="table 'ads': new_rows takes a 1-D int64 array of keys, got float64"
+    ):
         new_rows(np.array([1.5]), table="ads", dim=3, seed=0)
     with pytest.raises(ValueError, match="table 'ads': dim must be a positive int, got 0"):
         default_rows(0, "ads", keys, 0)

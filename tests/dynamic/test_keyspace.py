@@ -272,3 +272,12 @@ def test_a_bad_saved_state_raises_naming_the_table_and_array():
     saved["freq"] = np.array([1.0, 1.0])
     with pytest.raises(ValueError, match=r"table 'ads': saved 'freq' must be \(2,\) int64"):
         KeySpace.from_state("ads", saved)
+
+
+def test_bad_keys_and_configs_raise_naming_the_table():
+    with pytest.raises(TypeError, match=r"table 'user': KeySpace\.train takes a 1-D int64 array"):
+        space().train(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"table 'user': KeySpace\.lookup takes a 1-D int64 array"):
+        space().lookup(np.array([True]))
+    with pytest.raises(TypeError, match="table 'ads': admission must be a CountAdmission or None"):
+        KeySpace("ads", admission=2)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import numpy as np
 from embcore.dynamic import _kernels
 from embcore.ops.cpu import threads
 
-__all__ = ["GROWTH", "MAX_LOAD", "IndexMemoryError", "KeyIndex"]
+__all__ = ["GROWTH", "MAX_LOAD", "IndexMemoryError", "KeyIndex", "check_keys"]
 
 #: the table grows when its load (keys / slots) would pass this
 MAX_LOAD = 0.85
@@ -38,14 +38,15 @@ def _empty(shape: int, dtype: type) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
-def _keys_array(keys: np.ndarray, table: str, op: str) -> np.ndarray:
+def check_keys(keys: np.ndarray, table: str, op: str) -> np.ndarray:
+    """``keys`` as a contiguous 1-D int64 array, or ``TypeError`` naming the table and ``op``."""
     if not isinstance(keys, np.ndarray) or keys.dtype != np.int64 or keys.ndim != 1:
         got = (
             f"{keys.dtype} array of shape {keys.shape}"
             if isinstance(keys, np.ndarray)
             else type(keys).__name__
         )
-        raise TypeError(f"table '{table}': KeyIndex.{op} takes a 1-D int64 array, got {got}")
+        raise TypeError(f"table '{table}': {op} takes a 1-D int64 array of keys, got {got}")
     return np.ascontiguousarray(keys)
 
 
@@ -111,7 +112,7 @@ class KeyIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """``keys: (N,) int64`` -> ``(N,) int64``: each key's row, or -1 if it has none."""
-        keys = _keys_array(keys, self.table, "find")
+        keys = check_keys(keys, self.table, "KeyIndex.find")
         out = np.empty(keys.size, np.int64)
         workers = threads.num_workers(keys.size)
         threads.run(_kernels.find, self._ctrl, self._keys, self._rows, keys, out, workers=workers)
@@ -129,7 +130,7 @@ class KeyIndex:
             IndexMemoryError: the slot arrays could not grow, or the rows would pass what
                 ``row_dtype`` holds; the index is unchanged.
         """
-        keys = _keys_array(keys, self.table, "insert")
+        keys = check_keys(keys, self.table, "KeyIndex.insert")
         rows = np.empty(keys.size, np.int64)
         new = np.empty(keys.size, np.bool_)
         saved = (self._n_free, self._next_row, self._size)
@@ -167,7 +168,7 @@ class KeyIndex:
         """Remove the keys that have a row; returns their freed rows ``(F,) int64`` in the
         order the keys were given (absent keys are skipped). Freed rows are reused by later
         inserts, smallest first."""
-        keys = _keys_array(keys, self.table, "remove")
+        keys = check_keys(keys, self.table, "KeyIndex.remove")
         freed = np.empty(keys.size, self.row_dtype)
         n = _kernels.remove(self._ctrl, self._keys, self._rows, keys, freed)
         if n:

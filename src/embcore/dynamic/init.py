@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from embcore.dynamic import _init_kernels, _kernels
+from embcore.dynamic.index import check_keys
 from embcore.ops.cpu import threads
 
 __all__ = ["TRUNCATE_AT", "default_rows", "new_rows", "table_salt"]
@@ -50,7 +51,7 @@ def default_rows(seed: int, table: str, keys: np.ndarray, dim: int) -> np.ndarra
     seeded by ``mix64(mix64(key_i) ^ table_salt(seed, table))``: a truncated normal on
     ``[-2 std, 2 std]``, as the fixed tables' default initializer draws.
     """
-    keys = _int64_keys(keys, table)
+    keys = check_keys(keys, table, "default_rows")
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
         raise ValueError(f"table '{table}': dim must be a positive int, got {dim!r}")
     out = np.empty((keys.size, dim), np.float32)
@@ -88,7 +89,7 @@ def new_rows(
             (with ``dtype=torch.float32`` when it takes a ``dtype``), returning a float tensor
             or array of that shape; not called when ``N == 0``.
     """
-    keys = _int64_keys(keys, table)
+    keys = check_keys(keys, table, "new_rows")
     if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
         raise ValueError(
             f"table '{table}': new_rows takes strictly ascending keys (one row per new key)"
@@ -111,13 +112,6 @@ def new_rows(
             f"table '{table}': initializer returned dtype {value.dtype}, expected float"
         )
     return np.ascontiguousarray(value, dtype=np.float32)
-
-
-def _int64_keys(keys: np.ndarray, table: str) -> np.ndarray:
-    if not isinstance(keys, np.ndarray) or keys.dtype != np.int64 or keys.ndim != 1:
-        got = f"{keys.dtype} {keys.shape}" if isinstance(keys, np.ndarray) else type(keys).__name__
-        raise TypeError(f"table '{table}': keys must be a 1-D int64 array, got {got}")
-    return np.ascontiguousarray(keys)
 
 
 def _dtype_kwarg(initializer: Callable[..., Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embcore.dynamic.index import IndexMemoryError, KeyIndex
+from embcore.dynamic.index import IndexMemoryError, KeyIndex, check_keys
 from embcore.dynamic.pending import EXACT_LIMIT, PendingCounts
 from embcore.dynamic.policy import CountAdmission, Eviction, expired, least_used
 
@@ -68,6 +68,14 @@ class KeySpace:
         capacity: int = 0,
         exact_pending: int = EXACT_LIMIT,
     ) -> None:
+        for name, value, kind in (
+            ("admission", admission, CountAdmission),
+            ("eviction", eviction, Eviction),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(
+                    f"table '{table}': {name} must be a {kind.__name__} or None, got {value!r}"
+                )
         self.table = table
         self.admission = admission or CountAdmission()
         self.eviction = eviction or Eviction()
@@ -100,7 +108,7 @@ class KeySpace:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Evaluation lookup of ``keys: (N,) int64``: rows ``(N,) int64``, -1 without a row.
         Inserts nothing and counts nothing."""
-        return self._index.find(keys)
+        return self._index.find(check_keys(keys, self.table, "KeySpace.lookup"))
 
     def train(self, keys: np.ndarray) -> Admitted:
         """Training lookup of ``keys: (N,) int64`` (every feature sharing the table, one
@@ -110,6 +118,7 @@ class KeySpace:
         Raises:
             IndexMemoryError: no memory for the new rows or counts; nothing was changed.
         """
+        keys = check_keys(keys, self.table, "KeySpace.train")
         uniq, inverse, mult = np.unique(keys, return_inverse=True, return_counts=True)
         rows = self._index.find(uniq)
         absent = np.flatnonzero(rows < 0)
@@ -137,7 +146,7 @@ class KeySpace:
         held = np.flatnonzero(rows >= 0)
         self._freq[rows[held]] += gain[held]
         self._last[rows[held]] = self.step
-        return Admitted(rows[inverse].reshape(keys.shape), new_keys, new_rows)
+        return Admitted(rows[inverse], new_keys, new_rows)
 
     # ---------------------------------------------------------------- step boundaries
 
