@@ -227,3 +227,12 @@ def test_row_dtype_int64_costs_17_bytes_a_slot():
     assert index.nbytes == index.capacity * 17
     with pytest.raises(ValueError, match="row_dtype must be int32 or int64"):
         KeyIndex("t", row_dtype=np.float32)
+
+
+def test_items_in_slot_order_hold_the_same_pairs():
+    index = KeyIndex("t")
+    index.insert(arr([9, -4, 2**62, 0]))
+    keys, rows = index.items(ordered=False)
+    assert sorted(zip(keys.tolist(), rows.tolist(), strict=True)) == [
+        (-4, 1), (0, 3), (9, 0), (2**62, 2)
+    ]  # fmt: skip

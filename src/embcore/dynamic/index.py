@@ -178,10 +178,13 @@ class KeyIndex:
             self._n_free = self._free.size
         return freed[:n].astype(np.int64)
 
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(keys, rows)``: every key held, ``(R,) int64`` sorted, and its row ``(R,) int64``."""
+    def items(self, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, rows)``: every key held ``(R,) int64`` and its row ``(R,) int64``, sorted
+        by key (or in slot order, without the sort, when ``ordered`` is false)."""
         held = self._ctrl != 0
         keys, rows = self._keys[held], self._rows[held].astype(np.int64)
+        if not ordered:
+            return keys, rows
         order = np.argsort(keys, kind="stable")
         return keys[order], rows[order]
 

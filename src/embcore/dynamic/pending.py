@@ -130,8 +130,8 @@ class PendingCounts:
     def expire(self, step: int, steps_to_live: int) -> np.ndarray:
         """Forget the keys last seen in step ``step - steps_to_live`` or earlier; returns them
         ``(E,) int64`` sorted."""
-        keys, rows = self._index.items()
-        gone = keys[self._last[rows] <= step - steps_to_live]
+        keys, rows = self._index.items(ordered=False)
+        gone = np.sort(keys[self._last[rows] <= step - steps_to_live])
         self._index.remove(gone)
         return gone
 
