@@ -33,6 +33,14 @@ def test_public_names():
         assert hasattr(embcore, name), name
 
 
+def test_compat_public_names():
+    import embcore.compat
+
+    assert sorted(embcore.compat.__all__) == ["load_tf_checkpoint", "tf", "tpu"]
+    for name in embcore.compat.__all__:
+        assert hasattr(embcore.compat, name), name
+
+
 def test_console_script_runs():
     out = subprocess.run(
         [sys.executable, "-m", "embcore.cli.main", "--version"],

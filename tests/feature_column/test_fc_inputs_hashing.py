@@ -1,11 +1,6 @@
-"""Raw feature containers -> ragged values, and the documented stable hash."""
+"""Raw feature containers -> ragged values (the hash is in test_fc_hashing.py)."""
 
 from __future__ import annotations
-
-import hashlib
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -13,8 +8,6 @@ import pytest
 import torch
 
 from embcore import RaggedIds
-from embcore.feature_column import hashing as fc_hashing
-from embcore.feature_column.hashing import fingerprint64, hash_buckets
 from embcore.feature_column.raw_inputs import to_ragged
 
 
@@ -22,57 +15,6 @@ def rows(r):
     """Back to a list of lists, for comparisons."""
     v = r.values.tolist()
     return [v[a:b] for a, b in zip(r.row_splits[:-1], r.row_splits[1:], strict=True)]
-
-
-# ------------------------------------------------------------------------------- hashing
-
-
-def test_fingerprint_is_the_documented_blake2b():
-    for value in ["", "cats", "naïve", "日本"]:
-        digest = hashlib.blake2b(value.encode(), digest_size=8, person=b"embcore.fc.v1").digest()
-        assert fingerprint64(value) == int.from_bytes(digest, "little")
-    assert fingerprint64(-12) == fingerprint64("-12")  # ints hash through their decimal text
-    assert fingerprint64(np.int64(7)) == fingerprint64("7")
-    assert fingerprint64(b"cats") == fingerprint64("cats")
-
-
-def test_fingerprint_pinned_values():
-    # Changing these changes every hashed model's buckets: it must never happen silently.
-    assert fingerprint64("a") == 4935758911960049815
-    assert fingerprint64("cats") == 3925036365129844079
-    assert fingerprint64(12) == 11635486570198452334
-    assert fingerprint64("") == 17752299517089110534
-    buckets = hash_buckets(np.array(["cats", "a", "cats"], dtype=object), 1000)
-    assert buckets.tolist() == [79, 815, 79]
-
-
-def test_fingerprint_is_stable_across_processes():
-    # Load hashing.py alone (no torch import) in fresh interpreters with different hash seeds.
-    path = fc_hashing.__file__
-    code = (
-        f"import importlib.util as u; s = u.spec_from_file_location('h', {path!r}); "
-        "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.fingerprint64('cats'))"
-    )
-    outs = set()
-    for seed in ["1", "2"]:
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        run = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-        )
-        outs.add(int(run.stdout))
-    assert outs == {fingerprint64("cats")}
-
-
-def test_hash_buckets_range_and_errors():
-    values = np.array([f"v{i}" for i in range(500)], dtype=object)
-    b = hash_buckets(values, 7)
-    assert b.dtype == np.int64 and b.min() >= 0 and b.max() < 7
-    assert len(set(b.tolist())) == 7  # 500 values spread over every bucket
-    np.testing.assert_array_equal(b, [fingerprint64(v) % 7 for v in values])
-    with pytest.raises(ValueError, match="num_buckets"):
-        hash_buckets(values, 0)
-    with pytest.raises(TypeError, match="float"):
-        fingerprint64(1.5)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- containers

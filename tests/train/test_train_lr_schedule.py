@@ -96,7 +96,7 @@ def test_the_training_loop_gives_adam_the_rate_of_each_step(
     assert seen[0] == pytest.approx(0.02 / 3)
 
     seen.clear()
-    train(cfg, stop_at=4, echo=lambda _: None)
+    train(cfg, stop_at=4, overwrite=True, echo=lambda _: None)
     assert seen == pytest.approx(want[:4], rel=1e-12)
     seen.clear()
     train(cfg, resume=True, echo=lambda _: None)

@@ -40,11 +40,25 @@ __all__ = [
 @dataclass(frozen=True, eq=False)
 class ColumnIds:
     """One column's ids for a batch: ``ids`` ``(N,) int64`` in rows split by ``row_splits``
-    ``(B+1,) int64``, and ``weights`` ``(N,) float32`` or ``None``."""
+    ``(B+1,) int64``, ``weights`` ``(N,) float32`` or ``None``, and ``positions`` ``(N,)
+    int64``, each id's position in its row (increasing within a row), or ``None`` for
+    ``0, 1, ...`` (see ``raw_inputs``)."""
 
     ids: np.ndarray
     row_splits: np.ndarray
     weights: np.ndarray | None = None
+    positions: np.ndarray | None = None
+
+    def sequence_lengths(self) -> np.ndarray:
+        """``(B,) int64``: each row's last position + 1, 0 for an empty row (TensorFlow's
+        ``sequence_length_from_sparse_tensor``)."""
+        lengths = np.diff(self.row_splits)
+        if self.positions is None:
+            return lengths
+        out = np.zeros(len(lengths), dtype=np.int64)
+        full = lengths > 0
+        out[full] = self.positions[self.row_splits[1:][full] - 1] + 1
+        return out
 
 
 def check_key(owner: str, key: Any) -> str:
@@ -127,7 +141,9 @@ class CategoricalColumn:
     def transform(self, features: Mapping[str, Any]) -> ColumnIds:
         """The ids of one batch, padding of dense inputs dropped (see ``raw_inputs``)."""
         ragged, _ = to_ragged(self.key, get_feature(features, self.key, self.name)).drop_padding()
-        return ColumnIds(self._map(ragged.values, ragged.kind), ragged.row_splits)
+        return ColumnIds(
+            self._map(ragged.values, ragged.kind), ragged.row_splits, positions=ragged.columns
+        )
 
     def to_config(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -1,60 +1,137 @@
-"""The stable hash behind hash buckets and out-of-vocabulary buckets.
+"""TensorFlow's hash behind hash buckets and out-of-vocabulary buckets.
 
-``fingerprint64(value)`` is the first 8 bytes, read little-endian, of BLAKE2b over the UTF-8
-bytes of the value, personalised with ``b"embcore.fc.v1"``::
+``fingerprint64(value)`` is FarmHash ``Fingerprint64`` of the UTF-8 bytes of the value, and a
+bucket is that modulo the number of buckets, exactly as ``tf.strings.to_hash_bucket_fast``::
 
-    fingerprint64(v) = int.from_bytes(blake2b(utf8(v), digest_size=8,
-                                              person=b"embcore.fc.v1").digest(), "little")
+    fingerprint64(v) = farmhash.Fingerprint64(utf8(v))      unsigned 64-bit
     bucket(v, n)     = fingerprint64(v) % n
 
 Integers are hashed through their decimal text (``-12`` hashes as ``"-12"``), as TensorFlow
-hashes integer features through ``as_string``; bytes are hashed as they are. The result depends
-only on the value: not on the process, the platform or ``PYTHONHASHSEED`` (Python's ``hash()``
-does). It is *not* TensorFlow's FarmHash ``Fingerprint64``, so bucket numbers differ from a
-TensorFlow model's; a model trained with embcore keeps its buckets wherever it runs.
+hashes integer features through ``as_string``; bytes are hashed as they are. A model ported
+from TensorFlow therefore puts every value in the same bucket as it did there. Batches are
+hashed by the Numba kernels of ``_farmhash`` (no Python call per value). See
+docs/feature_columns.md, "The hash".
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["PERSON", "fingerprint64", "hash_buckets"]
+from embcore.feature_column._farmhash import (
+    fingerprint_bytes,
+    fingerprint_int64,
+    fingerprint_separated,
+)
 
-PERSON = b"embcore.fc.v1"
+__all__ = ["fingerprint64", "fingerprints", "hash_buckets"]
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_int64(value: int) -> int:
+    if not _INT64_MIN <= int(value) <= _INT64_MAX:
+        raise ValueError(f"fingerprint64: integer {value} does not fit in int64")
+    return int(value)
 
 
 def _as_bytes(value: object) -> bytes:
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return str(int(value)).encode("ascii")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"fingerprint64: string {value!r} is not valid Unicode ({e})") from e
+    if _is_int(value):
+        return str(_check_int64(value)).encode("ascii")  # type: ignore[arg-type]
     raise TypeError(f"fingerprint64: expected a str, bytes or int, got {type(value).__name__}")
 
 
-def fingerprint64(value: str | bytes | int) -> int:
-    """The unsigned 64-bit fingerprint of one value (see the module docstring)."""
-    digest = hashlib.blake2b(_as_bytes(value), digest_size=8, person=PERSON).digest()
-    return int.from_bytes(digest, "little")
+def _hash_strings(values: Sequence[object], out: np.ndarray) -> None:
+    """Write the fingerprints of ``values`` (str and/or bytes) into ``out`` ``(N,) uint64``.
+
+    All-``str`` input takes the fast path: the values joined with ``"\\x00"`` and encoded
+    once (in C), then hashed in one Numba pass that splits at zero bytes. No byte of a
+    multi-byte UTF-8 character is 0, so the zero bytes are exactly the separators, unless a
+    value holds ``"\\x00"`` itself: then the count differs and each value is encoded alone.
+    """
+    n = len(values)
+    try:
+        text = "\x00".join(values)  # type: ignore[arg-type]
+    except TypeError:
+        text = None
+    if text is not None:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            for v in values:
+                _as_bytes(v)  # raises naming the bad string
+            raise
+        if fingerprint_separated(np.frombuffer(data, dtype=np.uint8), out) == n:
+            return
+    # Values holding "\x00", bytes, or str mixed with bytes: rare, one call per value.
+    if any(map(_is_int, values)):
+        raise TypeError("fingerprint64: values mix integers with strings; give one kind")
+    parts = [_as_bytes(v) for v in values]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, parts), np.int64, count=n), out=offsets[1:])
+    buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    fingerprint_bytes(buf, offsets[:-1], offsets[1:], out)
 
 
-def hash_buckets(values: np.ndarray, num_buckets: int) -> np.ndarray:
-    """``fingerprint64(v) % num_buckets`` for every value, ``(N,) int64``.
+def fingerprints(values: Sequence[object] | np.ndarray) -> np.ndarray:
+    """``fingerprint64`` of every value, ``(N,) uint64``.
 
     Args:
-        values: ``(N,)`` strings (object array) or integers.
+        values: ``(N,)`` integers (any NumPy integer array, or Python ints), or strings / bytes
+            (an object, ``str`` or ``bytes`` array, or a list); arrays of any shape are
+            flattened.
+
+    Raises:
+        TypeError: a value that is neither a string, bytes nor an integer (floats, bools).
+        ValueError: an integer outside int64, or a string that cannot be UTF-8 encoded.
+    """
+    array = values.reshape(-1) if isinstance(values, np.ndarray) else None
+    out = np.empty(len(values) if array is None else array.size, dtype=np.uint64)
+    if len(out) == 0:
+        return out
+    if array is not None and array.dtype.kind in "iu":
+        if array.dtype.kind == "u" and array.size and int(array.max()) > _INT64_MAX:
+            raise ValueError(f"fingerprint64: integer {int(array.max())} does not fit in int64")
+        fingerprint_int64(np.ascontiguousarray(array, dtype=np.int64), out)
+        return out
+    if array is not None and array.dtype.kind in "fb":
+        raise TypeError(f"fingerprint64: expected strings, bytes or integers, got {array.dtype}")
+    items = array if array is not None else list(values)
+    if _is_int(items[0]):  # Python ints (NumPy int arrays took the path above)
+        if not all(map(_is_int, items)):
+            raise TypeError("fingerprint64: values mix integers with strings; give one kind")
+        ints = np.array([_check_int64(v) for v in items], dtype=np.int64)
+        fingerprint_int64(ints, out)
+        return out
+    _hash_strings(items.tolist() if array is not None else items, out)  # join is faster on lists
+    return out
+
+
+def fingerprint64(value: str | bytes | int) -> int:
+    """The unsigned 64-bit FarmHash fingerprint of one value (see the module docstring)."""
+    return int(fingerprints([_as_bytes(value)])[0])
+
+
+def hash_buckets(values: Sequence[object] | np.ndarray, num_buckets: int) -> np.ndarray:
+    """``fingerprint64(v) % num_buckets`` for every value, ``(N,) int64``, as
+    ``tf.strings.to_hash_bucket_fast(values, num_buckets)`` (integers through their text).
+
+    Args:
+        values: ``(N,)`` strings (object array) or integers, as for :func:`fingerprints`.
         num_buckets: an int >= 1.
     """
-    if num_buckets < 1:
-        raise ValueError(f"hash_buckets: num_buckets must be >= 1, got {num_buckets}")
-    out = np.empty(len(values), dtype=np.int64)
-    if len(values) == 0:
-        return out
-    # Each distinct value is hashed once.
-    uniq, inverse = np.unique(np.asarray(values), return_inverse=True)
-    buckets = np.array([fingerprint64(v) % num_buckets for v in uniq.tolist()], dtype=np.int64)
-    out[:] = buckets[inverse.reshape(-1)]
-    return out
+    if not _is_int(num_buckets) or num_buckets < 1:
+        raise ValueError(f"hash_buckets: num_buckets must be an int >= 1, got {num_buckets!r}")
+    return (fingerprints(values) % np.uint64(num_buckets)).astype(np.int64)

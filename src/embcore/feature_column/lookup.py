@@ -43,7 +43,8 @@ class EmbeddedFeatures(dict):
     Attributes:
         activations: ``{feature key: (B, dim) or (B, L, dim) float32}``.
         sequence_lengths: ``{feature key: (B,) int64}`` for sequence columns:
-            ``min(row length, max_sequence_length)``.
+            ``min(last position + 1, max_sequence_length)`` (a sparse input's positions are
+            its column indices, see ``raw_inputs``).
     """
 
     def __init__(
@@ -60,11 +61,12 @@ class EmbeddedFeatures(dict):
 @dataclass(frozen=True, eq=False)
 class TransformedFeatures:
     """A batch ready for lookup: ``ids``/``weights`` for the engine (``RaggedIds`` by feature
-    key; unweighted features absent from ``weights``), ``dense`` ids for dense columns, and
-    ``lengths`` ``(B,) int64`` for sequence columns."""
+    key, or a ``(B, width)`` sparse tensor for a sequence whose ids have gaps between their
+    positions; unweighted features absent from ``weights``), ``dense`` ids for dense columns,
+    and ``lengths`` ``(B,) int64`` for sequence columns."""
 
-    ids: dict[str, RaggedIds]
-    weights: dict[str, RaggedIds]
+    ids: dict[str, RaggedIds | Tensor]
+    weights: dict[str, RaggedIds | Tensor]
     dense: dict[str, ColumnIds]
     lengths: dict[str, Tensor]
     batch_size: int
@@ -77,6 +79,25 @@ def _ragged(values: np.ndarray, row_splits: np.ndarray) -> RaggedIds:
     return RaggedIds(
         torch.from_numpy(values), torch.from_numpy(np.require(row_splits, requirements=["W"]))
     )
+
+
+def _positioned(values: np.ndarray, col: ColumnIds) -> Tensor:
+    """A ``(B, last position + 1)`` sparse tensor holding ``values`` at ``(row, position)``:
+    how the engine takes a sequence whose ids sit at given positions (``indices[:, 1]``)."""
+    rows = np.repeat(np.arange(len(col.row_splits) - 1, dtype=np.int64), np.diff(col.row_splits))
+    positions = col.positions if col.positions is not None else np.zeros(0, dtype=np.int64)
+    width = int(positions.max()) + 1 if len(positions) else 1
+    indices = torch.from_numpy(np.stack([rows, positions]))  # (2, N)
+    values = np.require(values, requirements=["C", "W"])
+    batch = len(col.row_splits) - 1
+    # The indices are in range and unique by construction: no need to check them again.
+    return torch.sparse_coo_tensor(
+        indices, torch.from_numpy(values), (batch, width), check_invariants=False
+    )
+
+
+def _engine_input(values: np.ndarray, col: ColumnIds, positioned: bool) -> RaggedIds | Tensor:
+    return _positioned(values, col) if positioned else _ragged(values, col.row_splits)
 
 
 class EmbeddingLookup(nn.Module):
@@ -191,14 +212,17 @@ class EmbeddingLookup(nn.Module):
             sizes[c.feature_key] = rows
             if c.is_sequence:
                 lengths[c.feature_key] = torch.from_numpy(
-                    np.minimum(np.diff(col.row_splits), c.max_sequence_length)
+                    np.minimum(col.sequence_lengths(), c.max_sequence_length)
                 ).to(self.device)
             if c.lookup_device == "dense":
                 dense[c.feature_key] = col
                 continue
-            ids[c.feature_key] = _ragged(col.ids, col.row_splits)
+            # A sequence with given positions goes in as a sparse tensor (the engine embeds
+            # each id at its column index); everything else as ragged rows.
+            positioned = c.is_sequence and col.positions is not None
+            ids[c.feature_key] = _engine_input(col.ids, col, positioned)
             if col.weights is not None:
-                weights[c.feature_key] = _ragged(col.weights, col.row_splits)
+                weights[c.feature_key] = _engine_input(col.weights, col, positioned)
         if len(set(sizes.values())) > 1:
             raise ValueError(f"features have different batch sizes: {sizes}")
         return TransformedFeatures(
@@ -234,8 +258,9 @@ class EmbeddingLookup(nn.Module):
 def _dense_lookup(
     column: EmbeddingColumn, table: Tensor, col: ColumnIds, device: torch.device
 ) -> Tensor:
-    """The TensorCore lookup (SPEC 1.18): ids densified to ``[B, width]`` (positions >= width
-    dropped), ``sum`` or ``mean`` (``Σe / max(count, 1)``: empty rows are 0); weights ignored."""
+    """The TensorCore lookup (SPEC 1.18): ids densified to ``[B, width]`` (ids at positions,
+    i.e. column indices, >= width dropped), ``sum`` or ``mean`` (``Σe / max(count, 1)``: empty
+    rows are 0); weights ignored."""
     batch_dim, width = column.table.tensor_core_shape  # type: ignore[misc]
     rows = len(col.row_splits) - 1
     if batch_dim is not None and batch_dim != rows:
@@ -245,7 +270,9 @@ def _dense_lookup(
         )
     lengths = np.diff(col.row_splits)
     row_of = np.repeat(np.arange(rows, dtype=np.int64), lengths)
-    position = np.arange(len(col.ids)) - np.repeat(col.row_splits[:-1], lengths)
+    position = col.positions  # a sparse or padded input's column index, as TensorFlow's
+    if position is None:
+        position = np.arange(len(col.ids)) - np.repeat(col.row_splits[:-1], lengths)
     keep = position < width
     if column.table.use_safe_embedding_lookup:
         keep &= col.ids >= 0

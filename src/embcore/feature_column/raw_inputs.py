@@ -16,6 +16,18 @@ Dense (rectangular) inputs drop their padding entries, ``-1`` for integers and `
 strings, as TensorFlow's feature columns do; nothing else is ever dropped (in particular id 0
 is an id, SPEC pitfall 24). Ragged and sparse inputs keep every entry they list. pyarrow nulls
 are missing values: a null row is an empty row, a null inside a list is an error.
+
+Each value also has a *position* in its row, which sequence columns embed at (TensorFlow's
+``indices[:, 1]``)::
+
+    sparse  indices (0,0) (0,2) (1,1)   positions [0, 2 | 1]      lengths [3, 2]
+    dense   [[3, -1, 5], [-1, 7, -1]]   positions [0, 2 | 1]      lengths [3, 2]
+    ragged  [[3, 5], [7]]               positions [0, 1 | 0]      lengths [2, 1]
+
+A sparse input's positions are its column indices; a dense input keeps the columns of the
+values left after its padding is dropped; ragged rows and lists count from 0. A row's sequence
+length is its last position + 1 (0 for an empty row), as TensorFlow's
+``sequence_length_from_sparse_tensor``: a gap is a position without an id (a zero vector).
 """
 
 from __future__ import annotations
@@ -42,8 +54,11 @@ class RaggedValues:
         values: ``(N,)`` int64, float64, or object array of ``str``.
         row_splits: ``(B+1,) int64``; row ``b`` is ``values[row_splits[b]:row_splits[b+1]]``.
         dense: True when the input was rectangular, so that padding may be dropped.
-        columns: ``(N,) int64`` column indices when the input was sparse (to check that
-            sparse weights sit at the ids' indices), else ``None``.
+        columns: ``(N,) int64`` positions (column indices) of the values in their rows when
+            they are not ``0, 1, ...``: a sparse input's ``indices[:, 1]`` (also used to check
+            that sparse weights sit at the ids' indices), or the columns a dense input's
+            values had before its padding was dropped; ``None``: value ``j`` of a row is at
+            position ``j``.
     """
 
     values: np.ndarray
@@ -69,12 +84,21 @@ class RaggedValues:
         """``(N,) int64``: the row of each value."""
         return np.repeat(np.arange(self.nrows, dtype=np.int64), self.row_lengths())
 
+    def positions(self) -> np.ndarray:
+        """``(N,) int64``: each value's position in its row (see the module docstring)."""
+        if self.columns is not None:
+            return self.columns
+        return np.arange(len(self.values), dtype=np.int64) - np.repeat(
+            self.row_splits[:-1], self.row_lengths()
+        )
+
     def mask(self, keep: np.ndarray) -> RaggedValues:
-        """Keep the values where ``keep`` is True; every row stays (possibly empty)."""
+        """Keep the values where ``keep`` is True; every row stays (possibly empty), and the
+        kept values keep their positions."""
         counts = np.bincount(self.row_ids()[keep], minlength=self.nrows)
         splits = np.zeros_like(self.row_splits)
         splits[1:] = np.cumsum(counts)
-        return RaggedValues(self.values[keep], splits, dense=False)
+        return RaggedValues(self.values[keep], splits, columns=self.positions()[keep])
 
     def drop_padding(self) -> tuple[RaggedValues, np.ndarray | None]:
         """Drop ``-1`` / ``""`` entries of a dense input; returns the kept mask (None: all)."""

@@ -96,7 +96,8 @@ class WeightedCategoricalColumn(CategoricalColumn):
             )
         kept, keep = ids.drop_padding()
         w = weights.values if keep is None else weights.values[keep]
-        return ColumnIds(self._map(kept.values, kept.kind), kept.row_splits, w.astype(np.float32))
+        ids = self._map(kept.values, kept.kind)
+        return ColumnIds(ids, kept.row_splits, w.astype(np.float32), kept.columns)
 
     def to_config(self) -> dict[str, Any]:
         return {

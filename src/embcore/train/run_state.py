@@ -6,13 +6,16 @@ optimizer's state, the RNG state, and, as JSON in the file's metadata, the confi
 the metric history and the running loss sums. No pickles: tensors are safetensors, the rest is
 JSON, and a file is read with ``safe_open`` only.
 
-Writing goes to ``<name>.tmp``, is flushed and fsynced, then renamed over the final name (and
-the directory fsynced), so a run killed at any moment leaves either the previous checkpoints or
-a complete new one, never a torn file. ``latest_checkpoint`` ignores ``.tmp`` leftovers.
+Writing goes to a temporary file beside the final name, is flushed and fsynced, then renamed
+over it, so a run killed at any moment leaves either the previous checkpoints or a complete new
+one, never a torn file; ``latest_checkpoint`` ignores leftovers. Every tensor and the JSON carry
+a sha256 (in the file's metadata), checked on load: a flipped bit or a truncated file is
+refused, naming the file. See docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from torch import Tensor
+
+from embcore import _atomic
+from embcore._fingerprint import IntegrityError, check_sealed, check_tensors, seal, tensor_digests
 
 __all__ = [
     "checkpoint_path",
@@ -38,6 +44,7 @@ __all__ = [
 _FORMAT = "embcore-train-checkpoint"
 _VERSION = 1
 _NAME = re.compile(r"^step_(\d{8,})\.safetensors$")
+_CHECKS = "embcore_sha256"
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
@@ -66,17 +73,6 @@ def prune_checkpoints(directory: str | os.PathLike, keep: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict) -> Path:
     """Write ``tensors`` and the JSON-able ``meta`` to ``path`` atomically.
 
@@ -86,19 +82,13 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, Tensor], meta: d
         meta: plain JSON values (floats round-trip exactly).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = {"format": _FORMAT, "version": _VERSION, **meta}
+    header = json.dumps({"format": _FORMAT, "version": _VERSION, **meta})
     data = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(data, tmp, metadata={"embcore": json.dumps(header)})
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return path
+    checks = seal(
+        {"header": hashlib.sha256(header.encode()).hexdigest(), "tensors": tensor_digests(data)}
+    )
+    metadata = {"embcore": header, _CHECKS: json.dumps(checks)}
+    return _atomic.write_atomic(path, save(data, metadata=metadata), mode=0o600)
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -106,19 +96,42 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[st
 
     Raises:
         ValueError: the file is not an embcore training checkpoint.
+        IntegrityError (a ValueError): the file is truncated or corrupt (a tensor or the JSON
+            does not match its sha256); the message names the file.
     """
-    with safe_open(os.fspath(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get("embcore")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
-    meta = json.loads(raw) if raw else {}
-    if meta.get("format") != _FORMAT:
-        raise ValueError(f"{os.fspath(path)}: not an embcore training checkpoint")
+    where = os.fspath(path)
+    try:
+        with safe_open(where, framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+    except SafetensorError as error:
+        raise IntegrityError(
+            f"{where}: not a readable safetensors file (truncated or corrupt: {error})"
+        ) from error
+    raw, sealed = header.get("embcore"), _json(header.get(_CHECKS))
+    if sealed is not None:  # check the JSON before trusting a byte of it
+        checks = check_sealed(sealed, where)
+        if checks.get("header") != hashlib.sha256((raw or "").encode()).hexdigest():
+            raise IntegrityError(f"{where} is corrupt: its JSON metadata does not match its sha256")
+    meta = _json(raw)
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        raise ValueError(f"{where}: not an embcore training checkpoint")
     if meta.get("version") != _VERSION:
         raise ValueError(
-            f"{os.fspath(path)}: checkpoint version {meta.get('version')}, this embcore reads "
+            f"{where}: checkpoint version {meta.get('version')}, this embcore reads "
             f"version {_VERSION}"
         )
+    if sealed is None:
+        raise IntegrityError(f"{where}: no checksums (not written by this embcore, or damaged)")
+    check_tensors(tensors, checks.get("tensors"), where)
     return tensors, meta
+
+
+def _json(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def optimizer_to_tensors(

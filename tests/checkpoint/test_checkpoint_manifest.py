@@ -146,7 +146,7 @@ def test_save_never_overwrites_and_clears_an_interrupted_save(tmp_path):
 
 
 def test_a_save_that_fails_before_the_rename_publishes_nothing(tmp_path, monkeypatch):
-    from embcore import _manifest
+    from embcore.checkpoint import _manifest
 
     def disk_full(directory: str, manifest: dict) -> None:
         raise OSError(28, "No space left on device")
@@ -154,7 +154,7 @@ def test_a_save_that_fails_before_the_rename_publishes_nothing(tmp_path, monkeyp
     monkeypatch.setattr(_manifest, "write", disk_full)
     with pytest.raises(OSError, match="No space left"):
         ec.checkpoint.save(trained(), tmp_path / "c")
-    assert sorted(os.listdir(tmp_path)) == ["c.tmp"]
+    assert sorted(os.listdir(tmp_path)) == []  # a failed save removes its temporary directory
     monkeypatch.undo()
     ec.checkpoint.save(trained(), tmp_path / "c")
     assert sorted(os.listdir(tmp_path)) == ["c"]
