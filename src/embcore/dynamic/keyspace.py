@@ -1,0 +1,259 @@
+"""The key state of one dynamic table: which keys hold which rows, counted and aged by step.
+
+A :class:`KeySpace` applies a table's admission and eviction rules over a sequence of
+training lookups and step boundaries, and hands the row storage the row numbers to read and
+the rows to initialise. It owns no embedding values::
+
+    train(keys)      training lookup: count, admit, refresh      -> rows (-1: no row), new rows
+    lookup(keys)     evaluation lookup: read only                -> rows (-1: no row)
+    end_step()       after the step's update: evict, step += 1   -> evicted keys and rows
+
+Rows are numbered ``0 .. num_rows - 1``; a row freed by eviction is handed to a later new key
+(smallest first), which the store must re-initialise like any new row. See
+docs/dynamic_tables.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from embcore.dynamic.index import IndexMemoryError, KeyIndex, check_keys
+from embcore.dynamic.pending import EXACT_LIMIT, PendingCounts
+from embcore.dynamic.policy import CountAdmission, Eviction, expired, least_used
+
+__all__ = ["Admitted", "Evicted", "KeySpace"]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A training lookup's result.
+
+    Attributes:
+        rows: ``(N,) int64``, the row of each looked-up key, -1 for keys still pending.
+        new_keys: ``(A,) int64``, the keys admitted in this lookup, ascending.
+        new_rows: ``(A,) int64``, their rows (to initialise, with fresh optimizer slots).
+    """
+
+    rows: np.ndarray
+    new_keys: np.ndarray
+    new_rows: np.ndarray
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """The keys removed at a step boundary, ``(E,) int64`` ascending, and their freed rows."""
+
+    keys: np.ndarray
+    rows: np.ndarray
+
+
+class KeySpace:
+    """Keys, counts, last-seen steps and rows of one dynamic table.
+
+    Args:
+        table: the table's name, for error messages.
+        admission: ``None`` admits on first sight.
+        eviction: ``None`` never evicts.
+        capacity: keys to make room for up front.
+        exact_pending: pending keys counted exactly (see :mod:`.pending`).
+    """
+
+    def __init__(
+        self,
+        table: str,
+        admission: CountAdmission | None = None,
+        eviction: Eviction | None = None,
+        capacity: int = 0,
+        exact_pending: int = EXACT_LIMIT,
+    ) -> None:
+        for name, value, kind in (
+            ("admission", admission, CountAdmission),
+            ("eviction", eviction, Eviction),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(
+                    f"table '{table}': {name} must be a {kind.__name__} or None, got {value!r}"
+                )
+        self.table = table
+        self.admission = admission or CountAdmission()
+        self.eviction = eviction or Eviction()
+        self.step = 0  # the steps completed: lookups now belong to step ``self.step``
+        self._index = KeyIndex(table, capacity)
+        self._key = np.zeros(0, np.int64)  # by row: its key, frequency and last-seen step
+        self._freq = np.zeros(0, np.int64)
+        self._last = np.zeros(0, np.int64)
+        self._live = np.zeros(0, np.bool_)  # by row: whether a key holds it
+        self._pending = (
+            PendingCounts(table, exact_pending) if self.admission.min_count > 1 else None
+        )
+
+    def __len__(self) -> int:
+        """Keys holding a row."""
+        return len(self._index)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows the row storage must have (held and free)."""
+        return self._index.num_rows
+
+    @property
+    def pending(self) -> PendingCounts | None:
+        """The pending keys' counts (``None`` when every key is admitted on first sight)."""
+        return self._pending
+
+    # ---------------------------------------------------------------- lookups
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Evaluation lookup of ``keys: (N,) int64``: rows ``(N,) int64``, -1 without a row.
+        Inserts nothing and counts nothing."""
+        return self._index.find(check_keys(keys, self.table, "KeySpace.lookup"))
+
+    def train(self, keys: np.ndarray) -> Admitted:
+        """Training lookup of ``keys: (N,) int64`` (every feature sharing the table, one
+        array): counts every occurrence, admits the keys whose count reaches ``min_count``,
+        and marks every key with a row as seen in this step.
+
+        Raises:
+            IndexMemoryError: no memory for the new rows or counts; nothing was changed.
+        """
+        keys = check_keys(keys, self.table, "KeySpace.train")
+        uniq, inverse, mult = np.unique(keys, return_inverse=True, return_counts=True)
+        rows = self._index.find(uniq)
+        absent = np.flatnonzero(rows < 0)
+        totals = mult[absent].astype(np.int64)  # counts after this lookup, of keys without row
+        if self._pending is not None and absent.size:
+            totals += self._pending.counts(uniq[absent])
+        admit = totals >= self.admission.min_count
+        new_keys = uniq[absent[admit]]  # ascending, as ``uniq`` is
+        # allocate everything first, so that a failure leaves the state unchanged
+        top = self._index.num_rows + max(0, new_keys.size - self._index.num_free)
+        meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
+        if self._pending is not None:
+            self._pending.reserve(int((~admit).sum()))
+        new_rows = self._index.insert(new_keys)  # the last step that can fail
+        self._key, self._freq, self._last, self._live = meta
+        self._key[new_rows] = new_keys
+        self._freq[new_rows] = 0
+        self._live[new_rows] = True
+        rows[absent[admit]] = new_rows
+        if self._pending is not None and absent.size:
+            self._pending.add(uniq[absent[~admit]], totals[~admit], self.step)
+            self._pending.discard(new_keys)
+        gain = mult.astype(np.int64)  # a new row's frequency includes its pending count
+        gain[absent[admit]] = totals[admit]
+        held = np.flatnonzero(rows >= 0)
+        self._freq[rows[held]] += gain[held]
+        self._last[rows[held]] = self.step
+        return Admitted(rows[inverse], new_keys, new_rows)
+
+    # ---------------------------------------------------------------- step boundaries
+
+    def end_step(self) -> Evicted:
+        """The end of step ``self.step`` (after its update): remove expired keys, then the
+        least used beyond ``max_rows``; forget expired pending counts; ``step += 1``.
+
+        Costs one pass over the row metadata when an eviction limit is set, none otherwise.
+        """
+        ev = self.eviction
+        gone = np.empty(0, np.int64)
+        if ev.steps_to_live is not None or ev.max_rows is not None:
+            n = self._index.num_rows
+            live = self._live[:n]
+            gone = np.flatnonzero(live & expired(self._last[:n], self.step, ev.steps_to_live))
+            left = len(self) - gone.size
+            if ev.max_rows is not None and left > ev.max_rows:
+                rest = np.flatnonzero(live)
+                if gone.size:
+                    rest = np.setdiff1d(rest, gone, assume_unique=True)
+                pick = least_used(
+                    self._key[rest], self._freq[rest], self._last[rest], left - ev.max_rows
+                )
+                gone = np.concatenate([gone, rest[pick]])
+        out_keys = np.sort(self._key[gone])
+        out_rows = self._index.find(out_keys)
+        self._index.remove(out_keys)
+        self._live[out_rows] = False
+        if self._pending is not None and ev.steps_to_live is not None:
+            self._pending.expire(self.step, ev.steps_to_live)
+        self.step += 1
+        return Evicted(out_keys, out_rows)
+
+    # ---------------------------------------------------------------- views
+
+    def keys(self) -> np.ndarray:
+        """The keys holding a row, ``(R,) int64`` ascending."""
+        return self._index.items()[0]
+
+    def items(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(keys, rows, freq, last_seen)`` of the keys holding a row, by ascending key."""
+        keys, rows = self._index.items()
+        return keys, rows, self._freq[rows], self._last[rows]
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything but the row values, as arrays by ascending key (for checkpoints).
+
+        ``step`` ``() int64``; ``keys``, ``rows``, ``freq``, ``last_seen`` ``(R,) int64`` (the
+        store saves its row values in this order, gathering ``rows``); and the pending counts
+        under ``pending/<name>`` (see :meth:`.PendingCounts.state`).
+        """
+        keys, rows, freq, last = self.items()
+        out = {"step": np.array(self.step, np.int64), "keys": keys, "rows": rows}
+        out |= {"freq": freq, "last_seen": last}
+        if self._pending is not None:
+            out |= {f"pending/{k}": v for k, v in self._pending.state().items()}
+        return out
+
+    @classmethod
+    def from_state(
+        cls,
+        table: str,
+        state: dict[str, np.ndarray],
+        admission: CountAdmission | None = None,
+        eviction: Eviction | None = None,
+        exact_pending: int = EXACT_LIMIT,
+    ) -> KeySpace:
+        """A key space restored from :meth:`state`: key ``keys[i]`` holds row ``i`` (the store
+        loads its saved row values in that order; rows are compacted, free rows dropped)."""
+        keys = np.asarray(state["keys"])
+        n = keys.size
+        for name in ("keys", "freq", "last_seen"):
+            value = np.asarray(state[name])
+            if value.dtype != np.int64 or value.shape != (n,):
+                raise ValueError(
+                    f"table '{table}': saved '{name}' must be ({n},) int64, got "
+                    f"{value.shape} {value.dtype}"
+                )
+        if n > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"table '{table}': saved 'keys' must be strictly ascending")
+        out = cls(table, admission, eviction, capacity=n, exact_pending=exact_pending)
+        out.step = int(state["step"])
+        out._index.insert(keys)
+        out._key, out._freq, out._last = (
+            keys.copy(),
+            state["freq"].copy(),
+            state["last_seen"].copy(),
+        )
+        out._live = np.ones(n, np.bool_)
+        if out._pending is not None and "pending/keys" in state:
+            saved = {k[len("pending/") :]: v for k, v in state.items() if k.startswith("pending/")}
+            out._pending.load(saved)
+        return out
+
+    def _grown(self, array: np.ndarray, size: int) -> np.ndarray:
+        if size <= array.size:
+            return array
+        new_size = max(size, int(array.size * 1.5) + 16)
+        try:
+            out = np.zeros(new_size, array.dtype)
+        except MemoryError as e:
+            raise IndexMemoryError(
+                f"table '{self.table}': could not allocate row metadata for {new_size} rows "
+                f"({new_size * array.itemsize} bytes) with {len(self)} keys held; nothing "
+                "was changed"
+            ) from e
+        out[: array.size] = array
+        return out
