@@ -78,15 +78,15 @@ def test_the_directory_is_named_after_the_version_and_the_key() -> None:
 
 
 def _kernels() -> list[tuple[str, object]]:
-    """Every Numba dispatcher defined in a module of embcore.ops.cpu."""
+    """Every Numba dispatcher defined in a module of embcore.ops.cpu or embcore.dynamic."""
     found = []
-    package = embcore.ops.cpu
-    for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
-        module = importlib.import_module(info.name)
-        for name, value in vars(module).items():
-            py_func = getattr(value, "py_func", None)
-            if py_func is not None and py_func.__module__ == module.__name__:
-                found.append((f"{module.__name__}.{name}", value))
+    for package in (embcore.ops.cpu, importlib.import_module("embcore.dynamic")):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            module = importlib.import_module(info.name)
+            for name, value in vars(module).items():
+                py_func = getattr(value, "py_func", None)
+                if py_func is not None and py_func.__module__ == module.__name__:
+                    found.append((f"{module.__name__}.{name}", value))
     return found
 
 
@@ -99,11 +99,16 @@ def test_every_kernel_caches_in_the_keyed_directory() -> None:
         assert path is not None and path.startswith(where + os.sep), (name, path)
 
 
-def test_numba_is_used_only_inside_the_keyed_package() -> None:
+#: the packages whose kernels cache under a directory keyed by their sources (and the CPU
+#: backend's, whose helpers they inline): ops/cpu itself and the dynamic tables' index
+KEYED_PACKAGES = (_cache.SOURCE_ROOT, SRC / "dynamic")
+
+
+def test_numba_is_used_only_inside_the_keyed_packages() -> None:
     """Kernels anywhere else would inline helpers the key does not cover."""
     outside = []
     for path in SRC.rglob("*.py"):
-        if path.is_relative_to(_cache.SOURCE_ROOT):
+        if any(path.is_relative_to(root) for root in KEYED_PACKAGES):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

@@ -19,7 +19,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
-from numba import njit
+
+from embcore.ops.cpu.crc32c import crc32c
 
 __all__ = ["CheckpointError", "checkpoint_shapes", "read_checkpoint"]
 
@@ -91,29 +92,8 @@ def _entry(buf: bytes) -> dict:
 
 
 # -------------------------------------------------------------------------------- crc32c
-def _crc_table() -> np.ndarray:
-    table = np.zeros(256, dtype=np.uint32)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table[i] = c
-    return table
-
-
-_CRC_TABLE = _crc_table()
-
-
-@njit(cache=True, nogil=True)
-def _crc32c(data, table):
-    crc = np.uint32(0xFFFFFFFF)
-    for b in data:
-        crc = table[(crc ^ b) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
-    return crc ^ np.uint32(0xFFFFFFFF)
-
-
 def _masked_crc32c(data: np.ndarray) -> int:
-    crc = int(_crc32c(data, _CRC_TABLE))
+    crc = crc32c(data)
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 

@@ -34,7 +34,7 @@ from embcore.ops.state import TableState, check_updatable
 # Every kernel module is first imported here, so every kernel caches its compiled code in a
 # directory keyed by the contents of all of this package's sources (see _cache.py).
 with kernels_cached_in(kernel_cache_dir()):
-    from embcore.ops.cpu import dedup, farmhash, finite, gather, threads  # noqa: F401 (farmhash: cached here)
+    from embcore.ops.cpu import crc32c, dedup, farmhash, finite, gather, threads  # noqa: F401
     from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_table, table_table
     from embcore.ops.cpu.rules import RULES
     from embcore.ops.cpu.rules._rows import common_row, float32_rows
