@@ -45,6 +45,9 @@ from embcore.config import ResolvedFeature, ResolvedTable
 
 __all__ = ["FeatureBatch", "RaggedIds", "to_feature_batch"]
 
+#: The most samples one feature may have in one step (a sparse dense_shape can ask for more).
+_MAX_SAMPLES = 2**31 - 1
+
 
 @dataclass(frozen=True, eq=False)
 class RaggedIds:
@@ -297,6 +300,11 @@ def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
         shape = dense_shape[:-1]
         samples = linear // dense_shape[-1] if linear.numel() else linear
         sequence = False
+    if math.prod(shape) > _MAX_SAMPLES:  # the activation alone could not be allocated
+        raise ValueError(
+            f"feature '{name}': sparse dense_shape {list(dense_shape)} makes {math.prod(shape)} "
+            f"samples of output shape {list(shape)}; at most {_MAX_SAMPLES} are supported"
+        )
     return values, _offsets(samples, math.prod(shape)), w, shape, sequence
 
 
