@@ -18,7 +18,11 @@ How formats map to samples (SPEC 2.2, 2.4, 2.5):
   sequence.
 
 Every check raises before anything is looked up, naming the feature, the bad value and what was
-expected.
+expected (the checks live in ``_input_checks``): ids in range, weights finite, ragged row_splits
+and sparse indices inside their bounds, re-checked at each conversion because a tensor can change
+in place after a :class:`RaggedIds` was built. A :class:`FeatureBatch` owns its tensors, as
+TensorFlow's enqueue copies its input: the caller may refill its buffers as soon as the
+conversion returns (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -105,7 +109,8 @@ class RaggedIds:
 
 @dataclass(frozen=True, eq=False)
 class FeatureBatch:
-    """One feature's ids for one step, ready for a lookup kernel.
+    """One feature's ids for one step, ready for a lookup kernel, which trusts it: the offsets
+    are in bounds, and no tensor is a view of the caller's input (see :func:`to_feature_batch`).
 
     Attributes:
         values: ``(N,) int64`` ids in ``[0, vocab)``, grouped by sample.
@@ -194,16 +199,20 @@ def _storages(*inputs: Any) -> set[int]:
     return ptrs
 
 
-def _owned(t: Tensor, borrowed: set[int]) -> Tensor:
+def _owned(t: Tensor, borrowed: set[int], device: torch.device) -> Tensor:
     """``t``, or a contiguous copy when it shares memory with the caller's input.
 
     A batch lives on after the call that made it (between ``enqueue`` and ``dequeue``, or a
     lookup and its backward); refilling an input buffer in place must not change it. Most
-    conversions already produce fresh tensors; only the views are copied.
+    conversions already produce fresh tensors; only the views are copied. Moving to another
+    device copies too: from pageable memory the copy has read the source when ``.to``
+    returns, but from pinned memory it may still be running, so pinned views are copied.
     """
-    if t.untyped_storage().data_ptr() in borrowed:
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    if t.untyped_storage().data_ptr() not in borrowed:
+        return t
+    if device.type != "cpu" and not t.is_pinned():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _prune(
@@ -425,11 +434,6 @@ def to_feature_batch(
     check_range(name, table.name, table.vocabulary_size, values)
     if feature.config.output_shape is not None:
         shape = _resolve_output_shape(feature, offsets.numel() - 1)
-    batch = FeatureBatch(values, offsets, w, combiner, shape).to(device)
-    return FeatureBatch(
-        _owned(batch.values, borrowed),
-        _owned(batch.offsets, borrowed),
-        None if batch.weights is None else _owned(batch.weights, borrowed),
-        combiner,
-        shape,
-    )
+    values, offsets = _owned(values, borrowed, device), _owned(offsets, borrowed, device)
+    w = None if w is None else _owned(w, borrowed, device)
+    return FeatureBatch(values, offsets, w, combiner, shape).to(device)
