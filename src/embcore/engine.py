@@ -394,7 +394,7 @@ class EmbeddingEngine(QueueStyle, nn.Module):
     # --------------------------------------------------------------------------- updates
     def _learning_rates(self) -> list[float]:
         """One rate per table; each distinct callable is called once per step (SPEC 3.13)."""
-        step, called = int(self._step) + 1, {}  # a bad rate raises before anything changes
+        step, called = self._step + 1, {}  # read for an error only; a bad rate changes nothing
         return [
             t.optimizer.learning_rate_at(step, table=t.name, evaluated=called)  # type: ignore[union-attr]
             for t in self._tables

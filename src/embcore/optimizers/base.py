@@ -192,13 +192,18 @@ class Optimizer:
         return ()
 
     def learning_rate_at(
-        self, step: int, *, table: str | None = None, evaluated: dict[int, Any] | None = None
+        self,
+        step: int | Tensor,
+        *,
+        table: str | None = None,
+        evaluated: dict[int, Any] | None = None,
     ) -> float:
         """The learning rate of update ``step``: the constant, or the callable's value, checked
         against the range the update takes (finite, ``>= 0``, or ``> 0`` for FTRL).
 
         Args:
-            step: the 1-based update count of this step (for the error message).
+            step: the 1-based update count of this step, an int or a 0-d tensor (read only
+                for the error message, so that a device-side counter costs no sync).
             table: the name of the table being updated (for the error message).
             evaluated: the values of the callables called so far this step, by ``id``; a
                 callable shared by several tables is called once per step
@@ -228,7 +233,7 @@ class Optimizer:
         where = self._owner() + ("" if table is None else f" of table '{table}'")
         op = ">" if self.positive_learning_rate else ">="
         raise ValueError(
-            f"{where}: the learning_rate callable {lr!r} {problem} at step {step}; it must "
+            f"{where}: the learning_rate callable {lr!r} {problem} at step {int(step)}; it must "
             f"return a finite real number {op} 0 (nothing was updated)"
         )
 
