@@ -242,6 +242,20 @@ BAD_INPUTS = [
         id="sparse-inf-weights",
     ),
     pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [1, 0]], [1, 2], (3, 2))},
+        {
+            "friends": torch.sparse_coo_tensor(  # one sparse dim, a dense row of 2 weights
+                torch.tensor([[0, 1]]),
+                torch.tensor([[1.0, 0.0], [2.0, 0.0]]),
+                (3, 2),
+                check_invariants=True,
+            )
+        },
+        ValueError,
+        r"feature 'friends': weights are not aligned with ids",
+        id="sparse-weights-hybrid-values",
+    ),
+    pytest.param(
         {"friends": sparse_csr([[1, 0], [0, 2], [0, 0]])},
         None,
         TypeError,
