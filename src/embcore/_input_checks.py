@@ -128,7 +128,7 @@ def check_coo(
     is not used for combining (docs/semantics.md §2.2).
 
     Args:
-        indices: ``(R, nnz) int64`` with ``R = len(shape)``.
+        indices: ``(R, nnz) int64`` with ``R = len(shape)``, on the CPU.
         values: ``(nnz,)`` the ids.
         shape: the ``dense_shape``, rank ``R >= 2``.
 
@@ -150,21 +150,18 @@ def check_coo(
     nnz = indices.shape[1]
     if nnz == 0:
         return torch.zeros(0, dtype=torch.int64), None
-    sizes = torch.tensor(shape, dtype=torch.int64)
-    lo, hi = torch.aminmax(indices, dim=1)
-    if bool((lo < 0).any()) or bool((hi >= sizes).any()):
-        outside = ((indices < 0) | (indices >= sizes[:, None])).any(0)
-        j = int(outside.nonzero()[0])
-        index = tuple(int(x) for x in indices[:, j])
+    idx = indices.numpy()  # (R, nnz), CPU: NumPy's passes over a few thousand ids cost less
+    sizes = np.asarray(shape, dtype=np.int64)
+    if bool((idx.min(axis=1) < 0).any()) or bool((idx.max(axis=1) >= sizes).any()):
+        j = int(np.flatnonzero(((idx < 0) | (idx >= sizes[:, None])).any(axis=0))[0])
+        index = tuple(int(x) for x in idx[:, j])
         raise ValueError(
             f"feature '{feature}': sparse index {index} of entry {j} is outside dense_shape "
             f"{list(shape)}; every index must satisfy 0 <= index[d] < dense_shape[d]"
         )
-    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
-    linear = (indices * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0)  # (nnz,)
-    ordered = linear.numpy()
-    if nnz < 2 or not bool((ordered[1:] < ordered[:-1]).any()):
-        return linear, None
-    order = torch.argsort(linear, stable=True)
-    linear = linear[order]
-    return linear, order
+    strides = np.asarray([math.prod(shape[d + 1 :]) for d in range(len(shape))], dtype=np.int64)
+    linear = (idx * strides[:, None]).sum(axis=0)  # (nnz,) row-major position
+    if not bool((linear[1:] < linear[:-1]).any()):
+        return torch.from_numpy(linear), None
+    order = np.argsort(linear, kind="stable")
+    return torch.from_numpy(linear[order]), torch.from_numpy(order)

@@ -177,10 +177,9 @@ def _resolve_output_shape(feature: ResolvedFeature, samples: int) -> tuple[int, 
 
 def _offsets(samples: Tensor, num_samples: int) -> Tensor:
     """``(S+1,) int64`` CSR offsets of ids whose ``samples`` are already in increasing order."""
-    offsets = torch.zeros(num_samples + 1, dtype=torch.int64)
-    if samples.numel():
-        offsets[1:] = torch.cumsum(torch.bincount(samples, minlength=num_samples), 0)
-    return offsets
+    offsets = np.zeros(num_samples + 1, dtype=np.int64)
+    np.cumsum(np.bincount(samples.numpy(), minlength=num_samples), out=offsets[1:])
+    return torch.from_numpy(offsets)
 
 
 def _storages(*inputs: Any) -> set[int]:
@@ -307,7 +306,7 @@ def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
         sequence = True
     else:
         shape = dense_shape[:-1]
-        samples = linear // dense_shape[-1] if linear.numel() else linear
+        samples = torch.from_numpy(linear.numpy() // max(dense_shape[-1], 1))
         sequence = False
     if math.prod(shape) > _MAX_SAMPLES:  # the activation alone could not be allocated
         raise ValueError(
