@@ -394,17 +394,11 @@ class EmbeddingEngine(QueueStyle, nn.Module):
     # --------------------------------------------------------------------------- updates
     def _learning_rates(self) -> list[float]:
         """One rate per table; each distinct callable is called once per step (SPEC 3.13)."""
-        values: dict[int, float] = {}
-        rates = []
-        for t in self._tables:
-            lr = t.optimizer.learning_rate  # type: ignore[union-attr]
-            if callable(lr):
-                if id(lr) not in values:
-                    values[id(lr)] = float(lr())
-                rates.append(values[id(lr)])
-            else:
-                rates.append(float(lr))
-        return rates
+        step, called = self._step + 1, {}  # read for an error only; a bad rate changes nothing
+        return [
+            t.optimizer.learning_rate_at(step, table=t.name, evaluated=called)  # type: ignore[union-attr]
+            for t in self._tables
+        ]
 
     def _check_gradient(self, feature: ResolvedFeature, batch: FeatureBatch, grad: Any) -> Tensor:
         """A ``(S, dim) float32`` gradient on the table's device, or a clear error."""

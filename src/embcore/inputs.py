@@ -18,7 +18,11 @@ How formats map to samples (SPEC 2.2, 2.4, 2.5):
   sequence.
 
 Every check raises before anything is looked up, naming the feature, the bad value and what was
-expected.
+expected (the checks live in ``_input_checks``): ids in range, weights finite, ragged row_splits
+and sparse indices inside their bounds, re-checked at each conversion because a tensor can change
+in place after a :class:`RaggedIds` was built. A :class:`FeatureBatch` owns its tensors, as
+TensorFlow's enqueue copies its input: the caller may refill its buffers as soon as the
+conversion returns (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -33,11 +37,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embcore._input_checks import (
+    INT_DTYPES,
+    check_coo,
+    check_ids,
+    check_range,
+    check_splits,
+    check_weights,
+)
 from embcore.config import ResolvedFeature, ResolvedTable
 
 __all__ = ["FeatureBatch", "RaggedIds", "to_feature_batch"]
 
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: The most samples one feature may have in one step (a sparse dense_shape can ask for more).
+_MAX_SAMPLES = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,7 +70,7 @@ class RaggedIds:
         splits = torch.as_tensor(self.row_splits)
         if values.dim() != 1:
             raise ValueError(f"RaggedIds: values must be 1-D, got shape {tuple(values.shape)}")
-        if splits.dim() != 1 or splits.numel() < 1 or splits.dtype not in _INT_DTYPES:
+        if splits.dim() != 1 or splits.numel() < 1 or splits.dtype not in INT_DTYPES:
             raise ValueError(
                 "RaggedIds: row_splits must be a 1-D integer tensor of length B+1, got "
                 f"shape {tuple(splits.shape)} dtype {splits.dtype}"
@@ -96,7 +109,8 @@ class RaggedIds:
 
 @dataclass(frozen=True, eq=False)
 class FeatureBatch:
-    """One feature's ids for one step, ready for a lookup kernel.
+    """One feature's ids for one step, ready for a lookup kernel, which trusts it: the offsets
+    are in bounds, and no tensor is a view of the caller's input (see :func:`to_feature_batch`).
 
     Attributes:
         values: ``(N,) int64`` ids in ``[0, vocab)``, grouped by sample.
@@ -138,63 +152,7 @@ class FeatureBatch:
 
 
 # ---------------------------------------------------------------------------------------------
-# validation helpers
-
-
-def _ids(feature: str, values: Any, what: str) -> Tensor:
-    """Check an id tensor is integral; return it as int64 (a copy only when the dtype differs)."""
-    if values.dtype not in _INT_DTYPES:
-        raise TypeError(
-            f"feature '{feature}': {what} must be integers (int8..int64, uint8), got dtype "
-            f"{values.dtype}; cast with .long() if the values are whole numbers"
-        )
-    return values.to(torch.int64)
-
-
-def _weights(feature: str, weights: Tensor, count: int) -> Tensor:
-    """Check weights are finite and float32, or losslessly convertible to it."""
-    w = weights
-    if w.dtype == torch.bool or w.is_complex():
-        raise TypeError(f"feature '{feature}': weights must be float32, got dtype {w.dtype}")
-    w = w.reshape(-1)
-    if w.numel() != count:
-        raise ValueError(
-            f"feature '{feature}': weights are not aligned with ids: {w.numel()} weights for "
-            f"{count} ids"
-        )
-    if w.is_floating_point() and not bool(torch.isfinite(w).all()):
-        i = int((~torch.isfinite(w)).nonzero()[0])
-        raise ValueError(
-            f"feature '{feature}': weights must be finite, got {w[i].item()} at position {i}"
-        )
-    if w.dtype != torch.float32:
-        converted = w.to(torch.float32)
-        if w.dtype not in (torch.float16, torch.bfloat16):
-            lossy = converted.to(w.dtype) != w
-            if bool(lossy.any()):
-                i = int(lossy.nonzero()[0])
-                raise TypeError(
-                    f"feature '{feature}': weights of dtype {w.dtype} are not exactly "
-                    f"representable in float32 (e.g. {w[i].item()!r} at position {i}); pass "
-                    "float32 weights"
-                )
-        w = converted
-    return w
-
-
-def _check_range(feature: str, table: ResolvedTable, values: Tensor) -> None:
-    if values.numel() == 0:
-        return
-    lo, hi = torch.aminmax(values)
-    vocab = table.vocabulary_size
-    if int(lo) < 0 or int(hi) >= vocab:
-        bad_mask = (values < 0) | (values >= vocab)
-        i = int(bad_mask.nonzero()[0])
-        hint = "" if int(values[i]) >= 0 else "; set TableConfig(safe_lookup=True) to prune ids < 0"
-        raise ValueError(
-            f"feature '{feature}': id {int(values[i])} at position {i} is out of range for table "
-            f"'{table.name}' with vocabulary_size {vocab}; ids must be in [0, {vocab}){hint}"
-        )
+# helpers
 
 
 def _resolve_output_shape(feature: ResolvedFeature, samples: int) -> tuple[int, ...]:
@@ -217,13 +175,43 @@ def _resolve_output_shape(feature: ResolvedFeature, samples: int) -> tuple[int, 
     return tuple(int(d) for d in shape)  # type: ignore[arg-type]
 
 
-def _csr(samples: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
-    """Stable order of ids by sample, and CSR offsets over ``num_samples`` samples."""
-    order = torch.argsort(samples, stable=True)
-    offsets = torch.zeros(num_samples + 1, dtype=torch.int64)
-    if samples.numel():
-        offsets[1:] = torch.cumsum(torch.bincount(samples, minlength=num_samples), 0)
-    return order, offsets
+def _offsets(samples: Tensor, num_samples: int) -> Tensor:
+    """``(S+1,) int64`` CSR offsets of ids whose ``samples`` are already in increasing order."""
+    offsets = np.zeros(num_samples + 1, dtype=np.int64)
+    np.cumsum(np.bincount(samples.numpy(), minlength=num_samples), out=offsets[1:])
+    return torch.from_numpy(offsets)
+
+
+def _storages(*inputs: Any) -> set[int]:
+    """The memory the caller's tensors live in: what a batch must not keep a view of."""
+    ptrs = set()
+    for x in inputs:
+        if isinstance(x, RaggedIds):
+            tensors: tuple[Tensor, ...] = (x.values, x.row_splits)
+        elif isinstance(x, Tensor) and x.layout == torch.sparse_coo:
+            tensors = (x._indices(), x._values())
+        elif isinstance(x, Tensor) and x.layout == torch.strided:
+            tensors = (x,)
+        else:
+            continue
+        ptrs.update(t.untyped_storage().data_ptr() for t in tensors)
+    return ptrs
+
+
+def _owned(t: Tensor, borrowed: set[int], device: torch.device) -> Tensor:
+    """``t``, or a contiguous copy when it shares memory with the caller's input.
+
+    A batch lives on after the call that made it (between ``enqueue`` and ``dequeue``, or a
+    lookup and its backward); refilling an input buffer in place must not change it. Most
+    conversions already produce fresh tensors; only the views are copied. Moving to another
+    device copies too: from pageable memory the copy has read the source when ``.to``
+    returns, but from pinned memory it may still be running, so pinned views are copied.
+    """
+    if t.untyped_storage().data_ptr() not in borrowed:
+        return t
+    if device.type != "cpu" and not t.is_pinned():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _prune(
@@ -270,7 +258,7 @@ def _from_dense(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
             f"sample), got shape {tuple(ids.shape)}; use a sparse tensor or RaggedIds for "
             "several ids per sample"
         )
-    values = _ids(name, ids, "ids").reshape(-1)
+    values = check_ids(name, ids.cpu(), "ids").reshape(-1)
     shape = tuple(ids.shape) if ids.dim() == 1 else tuple(ids.shape[:-1])
     offsets = torch.arange(values.numel() + 1, dtype=torch.int64)
     return values, offsets, None, shape, False
@@ -280,7 +268,10 @@ def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
     name, cfg = feature.name, feature.config
     if ids.dim() < 2:
         raise ValueError(f"feature '{name}': sparse ids must have rank >= 2, got {ids.dim()}")
-    indices, values = ids._indices(), _ids(name, ids._values(), "sparse id values")
+    indices = ids._indices().cpu()
+    values = check_ids(name, ids._values().cpu(), "sparse id values")
+    dense_shape = tuple(ids.shape)
+    linear, order = check_coo(name, indices, values, dense_shape)
     w = None
     if weights is not None:
         if not (isinstance(weights, Tensor) and weights.layout == torch.sparse_coo):
@@ -288,13 +279,15 @@ def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
                 f"feature '{name}': ids are a sparse tensor, so weights must be a sparse tensor "
                 f"with the same indices, got {type(weights).__name__}"
             )
-        if weights.shape != ids.shape or not torch.equal(weights._indices(), indices):
+        if weights.shape != ids.shape or not torch.equal(weights._indices().cpu(), indices):
             raise ValueError(
                 f"feature '{name}': weights are not aligned with ids: the sparse weights must "
                 "have the same dense_shape and indices as the ids"
             )
-        w = _weights(name, weights._values(), values.numel())
-    dense_shape = tuple(ids.shape)
+        w = check_weights(name, weights._values().cpu(), values.numel())
+    if order is not None:  # entries out of row-major order: sort them
+        indices, values = indices[:, order], values[order]
+        w = None if w is None else w[order]
     length = cfg.max_sequence_length
     if length > 0 and ids.dim() > 2:
         warnings.warn(
@@ -306,28 +299,33 @@ def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
     if length > 0 and ids.dim() == 2 and cfg.output_shape is None:
         rows, cols = indices[0], indices[1]
         keep = cols < length  # truncate by column index (SPEC 2.4)
-        samples = rows[keep] * length + cols[keep]
+        samples = rows[keep] * length + cols[keep]  # increasing: entries are row-major
         values = values[keep]
         w = None if w is None else w[keep]
         shape: tuple[int, ...] = (dense_shape[0], length)
         sequence = True
     else:
         shape = dense_shape[:-1]
-        if indices.shape[1]:
-            strides = torch.tensor(
-                [math.prod(shape[i + 1 :]) for i in range(len(shape))], dtype=torch.int64
-            )
-            samples = (indices[:-1] * strides[:, None]).sum(0)
-        else:
-            samples = torch.zeros(0, dtype=torch.int64)
+        samples = torch.from_numpy(linear.numpy() // max(dense_shape[-1], 1))
         sequence = False
-    order, offsets = _csr(samples, math.prod(shape))
-    return values[order], offsets, None if w is None else w[order], shape, sequence
+    if math.prod(shape) > _MAX_SAMPLES:  # the activation alone could not be allocated
+        raise ValueError(
+            f"feature '{name}': sparse dense_shape {list(dense_shape)} makes {math.prod(shape)} "
+            f"samples of output shape {list(shape)}; at most {_MAX_SAMPLES} are supported"
+        )
+    return values, _offsets(samples, math.prod(shape)), w, shape, sequence
 
 
 def _from_ragged(feature: ResolvedFeature, ids: RaggedIds, weights: Any) -> tuple:
     name, cfg = feature.name, feature.config
-    values = _ids(name, ids.values, "ragged id values")
+    values = check_ids(name, ids.values.cpu(), "ragged id values")
+    if values.dim() != 1:
+        raise ValueError(
+            f"feature '{name}': ragged id values must be 1-D, got shape {tuple(values.shape)}"
+        )
+    # RaggedIds checked its row_splits when it was built, but the tensor may have been
+    # changed in place since: the kernels index the values with them, so check again
+    splits = check_splits(name, "row_splits", ids.row_splits.cpu(), values.numel())
     w = None
     if weights is not None:
         if not isinstance(weights, RaggedIds):
@@ -335,13 +333,15 @@ def _from_ragged(feature: ResolvedFeature, ids: RaggedIds, weights: Any) -> tupl
                 f"feature '{name}': ids are RaggedIds, so weights must be RaggedIds with the same "
                 f"row_splits, got {type(weights).__name__}"
             )
-        if not torch.equal(weights.row_splits, ids.row_splits):
+        if weights.row_splits.shape != splits.shape or not torch.equal(
+            weights.row_splits.cpu(), splits
+        ):
             raise ValueError(
                 f"feature '{name}': weights are not aligned with ids: ragged weights must have "
                 "the same row_splits as the ids"
             )
-        w = _weights(name, weights.values, values.numel())
-    rows = ids.nrows
+        w = check_weights(name, weights.values.cpu(), values.numel())
+    rows = splits.numel() - 1
     length = cfg.max_sequence_length
     if cfg.output_shape is not None:
         wanted = math.prod(d for d in cfg.output_shape if d is not None)
@@ -364,21 +364,35 @@ def _from_ragged(feature: ResolvedFeature, ids: RaggedIds, weights: Any) -> tupl
         else:
             length = 0
     if length > 0:
-        lengths = ids.row_lengths()
-        positions = torch.arange(values.numel()) - torch.repeat_interleave(
-            ids.row_splits[:-1], lengths
-        )
+        lengths = splits[1:] - splits[:-1]
+        positions = torch.arange(values.numel()) - torch.repeat_interleave(splits[:-1], lengths)
         keep = positions < length
         row_of = torch.repeat_interleave(torch.arange(rows), lengths)
+        # increasing: rows ascend, positions ascend within a row
         samples = row_of[keep] * length + positions[keep]
-        values = values[keep]
         w = None if w is None else w[keep]
-        # samples are already in increasing order: rows ascend, positions ascend within a row
-        offsets = torch.zeros(rows * length + 1, dtype=torch.int64)
-        if samples.numel():
-            offsets[1:] = torch.cumsum(torch.bincount(samples, minlength=rows * length), 0)
-        return values, offsets, w, (rows, length), True
-    return values, ids.row_splits, w, (rows,), False
+        return values[keep], _offsets(samples, rows * length), w, (rows, length), True
+    return values, splits, w, (rows,), False
+
+
+def _as_tensor(feature: str, ids: Any) -> tuple[Any, bool]:
+    """NumPy ids as a tensor (sharing memory when the array is writable), and whether that
+    tensor is a private copy."""
+    if not isinstance(ids, np.ndarray):
+        return ids, False
+    if ids.dtype.kind not in "iu":
+        raise TypeError(
+            f"feature '{feature}': ids must be integers (int8..int64, uint8), got a NumPy array "
+            f"of dtype {ids.dtype}; cast with .astype(np.int64) if the values are whole numbers"
+        )
+    if ids.dtype not in (np.int8, np.int16, np.int32, np.int64, np.uint8):
+        raise TypeError(
+            f"feature '{feature}': ids of NumPy dtype {ids.dtype} may not fit int64 ids; cast "
+            "with .astype(np.int64)"
+        )
+    if not ids.flags.writeable:  # torch tensors are writable: copy (torch would warn)
+        return torch.tensor(ids), True
+    return torch.from_numpy(ids), False
 
 
 def to_feature_batch(
@@ -386,14 +400,18 @@ def to_feature_batch(
 ) -> FeatureBatch:
     """Validate one feature's input and convert it to a :class:`FeatureBatch` on ``device``.
 
+    The batch owns its tensors: none is a view of ``ids`` or ``weights`` (as TensorFlow's
+    enqueue copies its input), so the caller may refill its buffers as soon as this returns.
+    Offsets are checked before anything reads the ids with them.
+
     Raises:
         TypeError: the input is of an unknown kind, ids are not integers, or weights are not
             (losslessly) float32.
         ValueError: any other bad input, naming the feature and the offending value.
     """
     name = feature.name
-    if isinstance(ids, np.ndarray):
-        ids = torch.from_numpy(ids)
+    ids, private = _as_tensor(name, ids)
+    borrowed = _storages(weights) if private else _storages(ids, weights)
     if isinstance(ids, RaggedIds):
         parts = _from_ragged(feature, ids, weights)
     elif isinstance(ids, Tensor) and ids.layout == torch.sparse_coo:
@@ -401,9 +419,10 @@ def to_feature_batch(
     elif isinstance(ids, Tensor) and ids.layout == torch.strided:
         parts = _from_dense(feature, ids, weights)
     else:
+        layout = f" of layout {ids.layout}" if isinstance(ids, Tensor) else ""
         raise TypeError(
             f"feature '{name}': expected a dense integer tensor, a torch.sparse_coo_tensor or "
-            f"embcore.RaggedIds, got {type(ids).__name__}"
+            f"embcore.RaggedIds, got {type(ids).__name__}{layout}"
         )
     values, offsets, w, shape, sequence = parts
     values, offsets = values.cpu(), offsets.cpu()
@@ -411,7 +430,9 @@ def to_feature_batch(
     combiner = "sum" if sequence else table.combiner
     if table.config.safe_lookup:
         values, offsets, w = _prune(table, combiner, values, offsets, w)
-    _check_range(name, table, values)
+    check_range(name, table.name, table.vocabulary_size, values)
     if feature.config.output_shape is not None:
         shape = _resolve_output_shape(feature, offsets.numel() - 1)
+    values, offsets = _owned(values, borrowed, device), _owned(offsets, borrowed, device)
+    w = None if w is None else _owned(w, borrowed, device)
     return FeatureBatch(values, offsets, w, combiner, shape).to(device)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +45,26 @@ def sparse(indices, values, shape):
     return torch.sparse_coo_tensor(
         torch.tensor(indices).T, torch.tensor(values), shape, check_invariants=True
     )
+
+
+def unchecked_sparse(indices, values, shape):
+    """A COO tensor as torch builds it by default: its indices are not checked."""
+    return torch.sparse_coo_tensor(
+        torch.tensor(indices).T, torch.tensor(values), shape, check_invariants=False
+    )
+
+
+def sparse_csr(dense):
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore")
+        return torch.tensor(dense).to_sparse_csr()
+
+
+def broken_ragged(rows, splits):
+    """RaggedIds whose row_splits were overwritten in place after it was built."""
+    ragged = ec.RaggedIds.from_lists(rows)
+    ragged.row_splits.copy_(torch.tensor(splits))
+    return ragged
 
 
 BAD_INPUTS = [
@@ -133,6 +156,146 @@ BAD_INPUTS = [
         ValueError,
         r"feature 'friends': weights must be finite, got nan",
         id="nan-weights",
+    ),
+    # sparse COO tensors are built WITHOUT torch's invariant checks (its default): the engine
+    # must validate indices against dense_shape itself
+    pytest.param(
+        {"friends": unchecked_sparse([[0, -1], [1, 0]], [1, 2], (3, 2))},
+        None,
+        ValueError,
+        r"feature 'friends': sparse index \(0, -1\) of entry 0 is outside dense_shape \[3, 2\]",
+        id="sparse-negative-index",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [3, 1]], [1, 2], (3, 2))},
+        None,
+        ValueError,
+        r"feature 'friends': sparse index \(3, 1\) of entry 1 is outside dense_shape \[3, 2\]",
+        id="sparse-row-past-dense-shape",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [1, 2]], [1, 2], (3, 2))},
+        None,
+        ValueError,
+        r"feature 'friends': sparse index \(1, 2\) .* 0 <= index\[d\] < dense_shape\[d\]",
+        id="sparse-dense-shape-smaller-than-indices",
+    ),
+    pytest.param(
+        {"favorited": unchecked_sparse([[0, 0], [2, -3]], [1, 2], (3, 3))},
+        None,
+        ValueError,
+        r"feature 'favorited': sparse index \(2, -3\) of entry 1 is outside",
+        id="sparse-sequence-negative-column",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [1, 0]], [1, 9], (3, 2))},
+        None,
+        ValueError,
+        r"feature 'friends': id 9 at position 1 is out of range for table 'user'",
+        id="sparse-id-out-of-range",
+    ),
+    pytest.param(
+        {
+            "friends": torch.sparse_coo_tensor(
+                torch.tensor([[0, 1]]), torch.tensor([[1], [2]]), (3, 1), check_invariants=True
+            )
+        },
+        None,
+        ValueError,
+        r"feature 'friends': a sparse id tensor must have one id per index .*shape \(2, 1\)",
+        id="sparse-hybrid-values",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0], [1]], [1, 2], (3,))},
+        None,
+        ValueError,
+        r"feature 'friends': sparse ids must have rank >= 2, got 1",
+        id="sparse-rank-1",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0]], [1.0], (3, 2))},
+        None,
+        TypeError,
+        r"feature 'friends': sparse id values must be integers.*torch.float32",
+        id="sparse-float-values",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0]], [1], (2**40, 2**22))},
+        None,
+        ValueError,
+        r"feature 'friends': sparse dense_shape \[1099511627776, 4194304\] makes 1099511627776 "
+        r"samples.*at most 2147483647",
+        id="sparse-dense-shape-too-large",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [1, 0]], [1, 2], (3, 2))},
+        {"friends": torch.tensor([1.0, 2.0])},
+        ValueError,
+        r"feature 'friends': ids are a sparse tensor, so weights must be a sparse tensor",
+        id="sparse-ids-dense-weights",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [1, 0]], [1, 2], (3, 2))},
+        {"friends": unchecked_sparse([[0, 0], [1, 0]], [1.0, float("inf")], (3, 2))},
+        ValueError,
+        r"feature 'friends': weights must be finite, got inf at position 1",
+        id="sparse-inf-weights",
+    ),
+    pytest.param(
+        {"friends": unchecked_sparse([[0, 0], [1, 0]], [1, 2], (3, 2))},
+        {
+            "friends": torch.sparse_coo_tensor(  # one sparse dim, a dense row of 2 weights
+                torch.tensor([[0, 1]]),
+                torch.tensor([[1.0, 0.0], [2.0, 0.0]]),
+                (3, 2),
+                check_invariants=True,
+            )
+        },
+        ValueError,
+        r"feature 'friends': weights are not aligned with ids",
+        id="sparse-weights-hybrid-values",
+    ),
+    pytest.param(
+        {"friends": sparse_csr([[1, 0], [0, 2], [0, 0]])},
+        None,
+        TypeError,
+        r"feature 'friends': expected a dense .* got Tensor of layout torch.sparse_csr",
+        id="sparse-csr-layout",
+    ),
+    pytest.param(
+        {"watched": np.array([1.0, 2.0, 3.0])},
+        None,
+        TypeError,
+        r"feature 'watched': ids must be integers.*NumPy array of dtype float64",
+        id="numpy-float-ids",
+    ),
+    pytest.param(
+        {"watched": np.array([1, "a", 3], dtype=object)},
+        None,
+        TypeError,
+        r"feature 'watched': ids must be integers.*NumPy array of dtype object",
+        id="numpy-object-ids",
+    ),
+    pytest.param(
+        {"watched": np.array([1, 2, 3], dtype=np.uint64)},
+        None,
+        TypeError,
+        r"feature 'watched': ids of NumPy dtype uint64 may not fit int64 ids",
+        id="numpy-uint64-ids",
+    ),
+    pytest.param(
+        {"watched": torch.tensor([True, False, True])},
+        None,
+        TypeError,
+        r"feature 'watched': ids must be integers.*torch.bool",
+        id="bool-ids",
+    ),
+    pytest.param(
+        {"friends": broken_ragged([[0, 5], [1], []], [0, 2, 1, 3])},
+        None,
+        ValueError,
+        r"feature 'friends': row_splits must never decrease, got row_splits\[2\]=1",
+        id="ragged-row-splits-changed-after-construction",
     ),
     pytest.param(
         {"watched": [1, 2, 3]},

@@ -156,6 +156,35 @@ def test_sparse(rank: int, combiner: str, weighted: bool, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sequence", [0, 3], ids=["pooled", "sequence"])
+def test_sparse_entries_in_any_order_without_torch_checks(sequence: int, backend: str) -> None:
+    """torch does not check a COO tensor's invariants by default: entries in reverse order,
+    with a repeated index, give what the NumPy model gives on the row-major samples."""
+    entries = [((0, 0), 3), ((0, 2), 7), ((1, 1), 5), ((1, 1), 2), ((3, 0), 9), ((3, 3), 1)]
+    shape = (4, 4)
+    table, values = make_table("sum")
+    backwards = entries[::-1]
+    ids = torch.sparse_coo_tensor(
+        torch.tensor([e[0] for e in backwards]).T,
+        torch.tensor([e[1] for e in backwards]),
+        shape,
+        check_invariants=False,
+    )
+    got = lookup(ec.FeatureConfig(table, max_sequence_length=sequence), backend, ids)
+    if sequence:  # sample (row, col) for col < L; the repeated (1, 1) holds both ids
+        samples = [
+            [(i, 1.0) for (r, c), i in entries if (r, c) == (row, col)]
+            for row in range(shape[0])
+            for col in range(sequence)
+        ]
+        expected = ref.lookup(values, samples, "sum").reshape(shape[0], sequence, 13)
+    else:
+        samples = [[(i, 1.0) for (r, _), i in entries if r == row] for row in range(shape[0])]
+        expected = ref.lookup(values, samples, "sum")
+    check(got, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("combiner", COMBINERS)
 def test_ragged(combiner: str, weighted: bool, backend: str) -> None:

@@ -535,7 +535,7 @@ def test_non_lazy_adam_without_accumulation_says_to_turn_it_on() -> None:
 
 def test_accepted_values_at_the_edges() -> None:
     """FTRL allows a zero accumulator (pitfall 17) and power 0; a clipvalue list equals the
-    tuple; AdagradMomentum does not range-check momentum or beta2 (SPEC 1.4)."""
+    tuple; AdagradMomentum does not range-check momentum (SPEC 1.4) and takes beta2 in [0, 1]."""
     ec.FTRL(initial_accumulator_value=0.0, learning_rate_power=0.0)
     assert ec.SGD(clipvalue=[-0.5, 1.0]).clipvalue == ec.SGD(clipvalue=(-0.5, 1.0)).clipvalue
     assert ec.SGD(clipvalue=2.0).clipvalue == (-2.0, 2.0)

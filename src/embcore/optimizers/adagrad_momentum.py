@@ -23,7 +23,9 @@ class AdagradMomentum(Optimizer):
         w   <- w - lr * (momentum * m + s if use_nesterov else m)
 
     Both slots, ``accumulators`` and ``momenta``, start at 0; ``epsilon`` is added inside the
-    power, not used as an initial value.
+    power, not used as an initial value. ``beta2`` must be in ``[0, 1]``: outside it the
+    accumulator can turn negative and its power NaN. ``momentum`` is any finite number (as in
+    TensorFlow, which does not range-check it).
     """
 
     learning_rate: LearningRate = 0.001
@@ -40,7 +42,12 @@ class AdagradMomentum(Optimizer):
         check_bool(owner, "use_nesterov", self.use_nesterov)
         exponent = check_real(owner, "exponent", self.exponent, minimum=0.0, strict_minimum=True)
         object.__setattr__(self, "exponent", exponent)
-        object.__setattr__(self, "beta2", check_real(owner, "beta2", self.beta2))
+        beta2 = check_real(owner, "beta2", self.beta2, minimum=0.0)
+        if beta2 > 1:
+            raise ValueError(
+                f"{owner}: beta2 must be in [0, 1] (1 sums squared gradients), got {beta2}"
+            )
+        object.__setattr__(self, "beta2", beta2)
         eps = check_real(owner, "epsilon", self.epsilon, minimum=0.0, strict_minimum=True)
         object.__setattr__(self, "epsilon", eps)
 

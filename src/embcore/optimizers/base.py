@@ -17,12 +17,15 @@ same contract and are tested against it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -52,10 +55,31 @@ class SlotSpec:
         return (vocabulary_size,) if self.rowwise else (vocabulary_size, dim)
 
 
-def _check_learning_rate(owner: str, value: Any) -> LearningRate:
-    if callable(value):
-        return value
-    return check_real(owner, "learning_rate", value, minimum=0.0)
+def _check_learning_rate(owner: str, value: Any, positive: bool) -> LearningRate:
+    """A finite rate ``>= 0`` (``> 0`` where the update divides by it), or a zero-argument
+    callable (its values are checked at each step, by :meth:`Optimizer.learning_rate_at`)."""
+    if not callable(value):
+        return check_real(owner, "learning_rate", value, minimum=0.0, strict_minimum=positive)
+    try:
+        inspect.signature(value).bind()
+    except TypeError:
+        raise ValueError(
+            f"{owner}: learning_rate must be a number or a callable taking no arguments, got "
+            f"{value!r}; wrap a schedule of the step as `lambda: schedule(step())`"
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): checked when called
+        pass
+    return value
+
+
+def _as_rate(value: Any) -> Any:
+    """A callable's result as a Python number when it is a one-element real tensor or array."""
+    if isinstance(value, Tensor) and value.numel() == 1:
+        if not (value.dtype == torch.bool or value.is_complex()):
+            return value.item()
+    elif isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iuf":
+        return value.item()
+    return value
 
 
 def _check_optional_real(owner: str, field: str, value: Any, **bounds: Any) -> float | None:
@@ -95,11 +119,15 @@ class Optimizer:
 
     #: False for optimizers that update every row every step (non-lazy Adam).
     lazy: ClassVar[bool] = True
+    #: True for optimizers whose update divides by the learning rate (FTRL): 0 is refused.
+    positive_learning_rate: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
         owner = self._owner()
-        lr = _check_learning_rate(owner, getattr(self, "learning_rate", 0.0))
+        lr = _check_learning_rate(
+            owner, getattr(self, "learning_rate", 0.0), self.positive_learning_rate
+        )
         object.__setattr__(self, "learning_rate", lr)
         check_bool(owner, "use_gradient_accumulation", self.use_gradient_accumulation)
         check_bool(owner, "low_dimensional_packing_status", self.low_dimensional_packing_status)
@@ -163,10 +191,55 @@ class Optimizer:
         """The slots this optimizer keeps per table, in checkpoint order."""
         return ()
 
-    def current_learning_rate(self) -> float:
-        """The rate for this step: the constant, or the callable's value."""
+    def learning_rate_at(
+        self,
+        step: int | Tensor,
+        *,
+        table: str | None = None,
+        evaluated: dict[int, Any] | None = None,
+    ) -> float:
+        """The learning rate of update ``step``: the constant, or the callable's value, checked
+        against the range the update takes (finite, ``>= 0``, or ``> 0`` for FTRL).
+
+        Args:
+            step: the 1-based update count of this step, an int or a 0-d tensor (read only
+                for the error message, so that a device-side counter costs no sync).
+            table: the name of the table being updated (for the error message).
+            evaluated: the values of the callables called so far this step, by ``id``; a
+                callable shared by several tables is called once per step
+                (docs/semantics.md §3.13). Pass one dict per step.
+
+        Raises:
+            ValueError: the callable returned NaN, an infinity, a negative number (or 0 where
+                the update divides by the rate) or something that is not a real number. Call
+                this before changing any state: then a bad rate leaves everything unchanged.
+        """
         lr = self.learning_rate  # type: ignore[attr-defined]
-        return float(lr()) if callable(lr) else float(lr)
+        if not callable(lr):
+            return float(lr)
+        if evaluated is None:
+            evaluated = {}
+        if id(lr) not in evaluated:
+            evaluated[id(lr)] = lr()
+        value = _as_rate(evaluated[id(lr)])
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            rate = float(value)
+            in_range = rate > 0 or (rate == 0 and not self.positive_learning_rate)
+            if math.isfinite(rate) and in_range:
+                return rate
+            problem = f"returned {rate}"
+        else:
+            problem = f"returned {describe(value)}"
+        where = self._owner() + ("" if table is None else f" of table '{table}'")
+        op = ">" if self.positive_learning_rate else ">="
+        raise ValueError(
+            f"{where}: the learning_rate callable {lr!r} {problem} at step {int(step)}; it must "
+            f"return a finite real number {op} 0 (nothing was updated)"
+        )
+
+    def current_learning_rate(self) -> float:
+        """The rate for this step: the constant, or the callable's value (checked)."""
+        return self.learning_rate_at(0)
 
     def rule(
         self, weights: Tensor, slots: dict[str, Tensor], grad: Tensor, lr: float, step: int

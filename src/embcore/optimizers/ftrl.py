@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -31,7 +32,12 @@ class FTRL(Optimizer):
     (SPEC pitfall 28). ``accumulators`` start at ``initial_accumulator_value`` (>= 0; zero is
     supported, unlike TF2's check), ``linears`` at 0. ``allow_zero_accumulator`` is accepted
     and ignored (deprecated in TensorFlow; zero accumulators always work here).
+
+    The learning rate must be > 0, as TensorFlow's ``ApplyFtrl`` requires: the update divides
+    by it (a constant 0 is refused here, a callable returning 0 at the step).
     """
+
+    positive_learning_rate: ClassVar[bool] = True
 
     learning_rate: LearningRate = 0.001
     learning_rate_power: float = -0.5
