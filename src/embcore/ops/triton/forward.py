@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from embcore.ops.triton import launch
 from embcore.ops.triton.jagged import TableBatch
 from embcore.ops.triton.storage import load_row
 
@@ -104,14 +105,16 @@ def pooled_lookup(table: Tensor, batch: TableBatch) -> list[Tensor]:
     out = torch.empty(batch.num_bags, dim, dtype=torch.float32, device=table.device)
     if batch.num_bags > 0:
         block_d, block_l, warps = block_sizes(dim, batch.num_ids / batch.num_bags)
-        _pooled_kernel[(batch.num_bags,)](
-            table,
-            batch.values,
-            batch.offsets,
-            batch.values if batch.weights is None else batch.weights,
-            batch.offsets if batch.modes is None else batch.modes,
-            out,
-            dim,
+        launch.run(
+            _pooled_kernel,
+            batch.num_bags,
+            table=table,
+            values=batch.values,
+            offsets=batch.offsets,
+            weights=batch.values if batch.weights is None else batch.weights,
+            modes=batch.offsets if batch.modes is None else batch.modes,
+            out=out,
+            dim=dim,
             COMBINER=batch.combiner,
             HAS_WEIGHTS=batch.weights is not None,
             BLOCK_D=block_d,
