@@ -17,7 +17,7 @@ import embcore
 __all__ = ["COMMANDS", "main"]
 
 #: Modules under ``embcore.cli`` that register a subcommand, in help order.
-COMMANDS: list[str] = ["train", "export", "predict", "stats", "plan", "bench"]
+COMMANDS: list[str] = ["train", "export", "predict", "stats", "plan", "bench", "kernels"]
 
 
 def build_parser() -> argparse.ArgumentParser:

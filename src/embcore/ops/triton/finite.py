@@ -25,7 +25,7 @@ __all__ = ["non_finite", "non_finite_flags"]
 BLOCK = 4096
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["index"])
 def _non_finite_kernel(x, n, flags, index, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(x + offs, mask=offs < n, other=0.0)

@@ -31,7 +31,12 @@ _recorded: list[Launch] | None = None
 
 
 def run(kernel: Any, programs: int, **kwargs: Any) -> None:
-    """Launch ``kernel`` over ``programs`` programs (none when 0), or record the launch."""
+    """Launch ``kernel`` over ``programs`` programs (none when 0), or record the launch.
+
+    Every kernel is compiled with ``enable_fp_fusion=False`` unless the caller says otherwise:
+    products are rounded before they are added, as in PyTorch (and Triton 3.9 warns on a
+    launch that leaves the choice to its changing default)."""
+    kwargs.setdefault("enable_fp_fusion", False)
     if _recorded is not None:
         _recorded.append(Launch(kernel, programs, kwargs))
     elif programs > 0:

@@ -1,4 +1,4 @@
-"""Adagrad-with-momentum's row rule (SPEC 3.5)::
+"""Adagrad-with-momentum's row rule (docs/semantics.md §3.5)::
 
 acc <- acc + g^2                          if beta2 == 1
 acc <- beta2 * acc + (1 - beta2) * g^2    otherwise

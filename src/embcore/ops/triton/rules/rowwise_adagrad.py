@@ -1,4 +1,4 @@
-"""Row-wise Adagrad's row rule: one accumulator per row (SPEC 3.4)::
+"""Row-wise Adagrad's row rule: one accumulator per row (docs/semantics.md §3.4)::
 
 acc[r] <- acc[r] + mean_j(g[r, j]^2)
 w[r]   <- w[r] - lr * g[r] / (sqrt(acc[r]) + epsilon)
