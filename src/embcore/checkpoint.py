@@ -391,7 +391,8 @@ def _expected(engine: EmbeddingEngine, sharded: bool) -> dict[str, tuple[tuple[i
     """``{key: (shape, dtype)}`` of every tensor the engine loads."""
     if sharded:
         items = engine._checkpoint_items()  # type: ignore[attr-defined]
-        out = {key: (table.logical_shape(name), "float32") for key, table, name in items}
+        weight = str(engine.storage_dtype).removeprefix("torch.")  # slots are float32
+        out = {k: (t.logical_shape(n), weight if n == "weight" else "float32") for k, t, n in items}
     else:
         out = {
             k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))

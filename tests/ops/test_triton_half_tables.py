@@ -1,7 +1,5 @@
 """float16 / bfloat16 tables (Triton backend, interpreted on the CPU) through checkpoints and
-the sharded engine: saved and loaded in their storage dtype, sharded as the plain engine.
-
-The sharded cases are strict xfails until the sharded engine stores half-precision shards."""
+the sharded engine: saved and loaded in their storage dtype, sharded as the plain engine."""
 
 from __future__ import annotations
 
@@ -19,12 +17,6 @@ import embcore as ec
 from embcore.sharding import ShardingPlan, TableShard
 
 HALF = [torch.float16, torch.bfloat16]
-
-#: the sharded engine still creates float32 shards and exchanges rows as float32; these tests
-#: pin the behaviour it must have (strict: they fail loudly once it does, drop the marker then)
-SHARDED_HALF = pytest.mark.xfail(
-    strict=True, reason="sharded engine: half-precision shards not wired yet (docs/gpu_backend.md)"
-)
 
 
 def _config() -> dict:
@@ -73,7 +65,6 @@ def test_checkpoint_round_trip_keeps_the_storage_dtype(tmp_path, dtype: torch.dt
         assert torch.equal(restored.embedding_tables[name], table), name
 
 
-@SHARDED_HALF
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize(
     "shard",
@@ -100,7 +91,6 @@ def test_sharded_engine_stores_half_tables_like_the_plain_engine(
         assert torch.equal(sharded.embedding_tables[name], table), name
 
 
-@SHARDED_HALF
 def test_sharded_checkpoint_of_half_tables_loads_into_the_plain_engine(tmp_path) -> None:
     plan = ShardingPlan(
         world_size=1, tables={"a": TableShard.row_wise([0], "mod"), "b": TableShard.table_wise(0)}

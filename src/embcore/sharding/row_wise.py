@@ -98,7 +98,7 @@ class RowWise(ShardedTable):
         if self.state is None:
             return
         for src in range(self.world):
-            ex.send(src, self.state.weight[inbox.take(src, I64).reshape(-1)])
+            ex.send(src, self.state.weight[inbox.take(src, I64).reshape(-1)].float())
 
     def output_dist(self, inbox: Inbox, ctx: _Forward) -> list[Tensor]:
         dim = self.table.dim
