@@ -7,8 +7,8 @@ About 3% of batches are sampled (configurable). For each table, a sampled batch 
 * its id counts to a bounded heavy-hitter sketch (Misra-Gries, mergeable): every id whose true
   count exceeds ``total / (capacity + 1)`` is kept, and each kept count is an underestimate by
   at most that much;
-* the lookups each rank serves under the current placement (``load_of``; see
-  :mod:`embcore.sharding.load` for what load means per scheme).
+* the lookups each rank serves under the current placement (``load_of``; each scheme's
+  :meth:`~embcore.sharding.schemes.Scheme.lookup_load` says what load means for it).
 
 Statistics never change numerics. Each table's statistics go to one JSON file, written
 atomically, named by a hash of the table's parameters and of the global configuration
@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from embcore import _atomic
 from embcore.inputs import FeatureBatch
 
 __all__ = ["StatsCollector", "TableStats", "load_stats", "stats_path"]
@@ -213,17 +213,7 @@ def stats_path(directory: str | os.PathLike[str], key: dict[str, Any]) -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic.write_atomic(path, text.encode(), mode=0o600)
 
 
 def load_stats(directory: str | os.PathLike[str], key: dict[str, Any]) -> TableStats | None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
 import embcore as ec
 from embcore.cli.main import main
+from embcore.config import resolve
 from embcore.sharding import ShardingPlan, TableShard, estimate, plan
 
 
@@ -216,6 +218,61 @@ def test_one_rank_plans_everything_table_wise_on_rank_0():
     assert all(s == TableShard.table_wise(0) for s in p.tables.values())
 
 
+def test_planner_does_not_resolve_a_resolved_config_again(monkeypatch: pytest.MonkeyPatch):
+    fc = features(("big", 1_000_000, 64), ("tiny", 10, 64))
+    want = plan(fc, 2, optimizer=ADAGRAD, stats={"tiny": {"ids_per_example": 5}})
+    want_estimate = estimate(want, fc, optimizer=ADAGRAD)
+    config = ec.config.resolve(fc, ADAGRAD)
+
+    def no_resolve(*args: object) -> None:
+        raise AssertionError("resolved again")
+
+    monkeypatch.setattr("embcore.sharding.planner._tables.resolve", no_resolve)
+    assert plan(config, 2, stats={"tiny": {"ids_per_example": 5}}) == want
+    assert estimate(want, config) == want_estimate
+
+
+def test_every_schemes_candidates_and_overrides_are_valid_placements():
+    from embcore.sharding.planner._tables import planned_tables
+
+    fc = features(("wide", 1000, 96))
+    (t,) = planned_tables(ec.config.resolve(fc, ADAGRAD), 16, None)
+    for world in (1, 2, 3):
+        for name, scheme in ec.sharding.SCHEMES.items():
+            for placement in scheme.candidates(t, world, 32) + (
+                scheme.parse_override("", t, world) or []
+            ):
+                shard = TableShard.from_dict(placement)
+                assert shard.scheme == name and shard.describe().startswith(name)
+                ShardingPlan(world_size=world, tables={"wide": shard})
+                cost = scheme.cost(t, shard, world)
+                assert len(cost.memory) == len(cost.sent) == len(cost.received) == world
+                assert sum(cost.sent) == pytest.approx(sum(cost.received))
+
+
+def test_a_scheme_added_to_the_registry_is_planned_without_other_edits(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from embcore.sharding.schemes import SCHEMES, TableWise
+
+    class Pinned(TableWise):  # a new scheme: table-wise, but only ever on the last rank
+        scheme = "pinned"
+
+        @classmethod
+        def candidates(cls, t, world, min_column_width):
+            return [{"scheme": cls.scheme, "ranks": [world - 1]}]
+
+    monkeypatch.setitem(SCHEMES, "pinned", Pinned)
+    shard = TableShard(scheme="pinned", ranks=(2,))
+    assert shard.describe() == "pinned on 2" and TableShard.from_dict(shard.to_dict()) == shard
+    fc = features(("a", 1000, 16), ("b", 10, 4))
+    p = plan(fc, 3, overrides={"a": "pinned:1", "b": "pinned"})
+    assert p["a"] == TableShard(scheme="pinned", ranks=(1,))
+    assert p["b"] == TableShard(scheme="pinned", ranks=(2,))
+    ranks, _ = estimate(p, fc)
+    assert [r.memory_bytes for r in ranks] == [0, 1000 * 16 * 4, 10 * 4 * 4]
+
+
 # ------------------------------------------------------------------------------- CLI
 def test_cli_plan_prints_placements_and_per_rank_costs(capsys: pytest.CaptureFixture[str]):
     assert main(["plan", "--workload", "W1", "--world-size", "2"]) == 0
@@ -247,7 +304,76 @@ def test_cli_plan_writes_a_plan_the_engine_reads(tmp_path, capsys: pytest.Captur
     p = ShardingPlan.from_json(out_file.read_text())
     assert ShardingPlan.from_json(printed) == p
     assert p["user"] == TableShard.row_wise([0, 1, 2], "mod") and p.world_size == 3
-    with pytest.raises(SystemExit, match="unknown tables"):
-        main([*args, "--override", "nope=row_wise"])
-    with pytest.raises(SystemExit, match="TABLE=SCHEME"):
-        main([*args, "--override", "user"])
+    assert main([*args, "--override", "nope=row_wise"]) == 2
+    assert "unknown tables" in capsys.readouterr().err
+    assert main([*args, "--override", "user"]) == 2
+    assert "TABLE=SCHEME" in capsys.readouterr().err
+
+
+def test_cli_plan_refuses_what_the_engine_would_refuse(tmp_path, capsys):
+    config = tmp_path / "tables.json"
+    table = {"name": "user", "vocabulary_size": 5000, "dim": 64}
+    config.write_text(json.dumps({"tables": [table], "optimizer": "rowwise_adagrad"}))
+    out_file = tmp_path / "plan.json"
+    args = ["plan", "--config", str(config), "-w", "2", "--output", str(out_file)]
+    assert main([*args, "--override", "user=column_wise"]) == 2
+    captured = capsys.readouterr()
+    assert "cannot be column-wise" in captured.err and "row-wise slots" in captured.err
+    assert captured.out == "" and not out_file.exists()
+    # the same plan with an element-wise optimizer is printed, and the engine accepts it
+    assert main([*args, "--override", "user=column_wise", "--optimizer", "adagrad"]) == 0
+    p = ShardingPlan.from_json(out_file.read_text())
+    tables = resolve({"user/0": ec.FeatureConfig(table=ec.TableConfig(5000, 64, name="user"))},
+                     ec.Adagrad())[1]  # fmt: skip
+    p.check(tables, 2)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ([{"name": "user", "vocabulary_size": 10, "dim": 4}], "expected a JSON object"),
+        ({"tables": []}, '"tables" must be a non-empty list'),
+        (
+            {"tables": [{"name": "u", "dim": 4}]},
+            r"tables\[0\]: missing fields \['vocabulary_size'\]",
+        ),
+        ({"tables": [{"vocabulary_size": -3, "dim": 4}]}, r"tables\[0\]: .*vocabulary_size"),
+        ({"tables": [{"vocabulary_size": 9, "dim": 4, "features": "2"}]}, "features must be"),
+        ({"tables": [{"vocabulary_size": 9, "dim": 4}], "batch": 3}, r"unknown keys \['batch'\]"),
+        ({"tables": [{"vocabulary_size": 9, "dim": 4}], "optimizer": "adamw"}, "unknown optimizer"),
+    ],
+)
+def test_cli_plan_malformed_configs_are_one_line_errors(tmp_path, capsys, content, message):
+    config = tmp_path / "tables.json"
+    config.write_text(json.dumps(content))
+    assert main(["plan", "--config", str(config), "-w", "2"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_plan_reports_statistics_that_match_no_table(tmp_path, capsys):
+    config = tmp_path / "tables.json"
+    config.write_text(json.dumps({"tables": [{"name": "user", "vocabulary_size": 50, "dim": 4}]}))
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"usr": {"ids_per_example": 30}, "user": {"ids_per_example": 2}}))
+    assert main(["plan", "--config", str(config), "-w", "2", "--stats", str(stats)]) == 0
+    captured = capsys.readouterr()
+    assert "warning: ignoring statistics of tables the config does not have: ['usr']" in (
+        captured.err
+    )
+    assert "user" in captured.out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["-w", "0"], r"--world-size must be in \[1, 65536\], got 0"),
+        (["-w", "1000000000"], r"--world-size must be in \[1, 65536\]"),
+        (["-w", "2", "--batch-size", "-3"], "--batch-size must be positive, got -3"),
+    ],
+)
+def test_cli_plan_flags_out_of_range_are_one_line_errors(capsys, extra, message):
+    assert main(["plan", "--workload", "W1", *extra]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1, err

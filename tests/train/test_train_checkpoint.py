@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from embcore.train.checkpoint import (
+from embcore.train.run_state import (
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,

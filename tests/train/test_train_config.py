@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from embcore.train.config import Config, load_config, parse_override
+from embcore.errors import UserError
+from embcore.train.config import Config, check_resources, load_config, parse_override
 
 
 def test_defaults_round_trip_through_dicts() -> None:
@@ -76,3 +77,44 @@ def test_differences_lists_changed_keys() -> None:
     a = Config()
     b = a.with_overrides(["train.steps=5", "model.embedding_dim=8"])
     assert a.differences(b) == ["model.embedding_dim", "train.steps"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.embedding_lr=inf", r"\[optim\] embedding_lr must be a finite number, got inf"),
+        ("optim.dense_lr=nan", r"\[optim\] dense_lr must be a finite number, got nan"),
+        ("optim.embedding_lr=-0.5", r"\[optim\] embedding_lr must be a number > 0, got -0\.5"),
+        ("data.zipf_a=-inf", r"\[data\] zipf_a must be a finite number"),
+        ("data.bad_rows=ignore", r"\[data\] bad_rows must be one of \['raise', 'skip'\]"),
+    ],
+)
+def test_values_that_pass_type_checks_but_cannot_work(override: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("data.batch_size=4000000000", r"\[data\] batch_size"),
+        ("model.embedding_dim=100000", r"\[model\] embedding_dim"),
+        ("data.eval_rows=9000000000", r"\[data\] eval_rows"),
+        ("model.top_mlp=[100000000]", "top_mlp"),
+    ],
+)
+def test_sizes_this_machine_cannot_hold_are_refused_up_front(override: str, key: str) -> None:
+    config = load_config(None, [override])
+    with pytest.raises(UserError, match=rf"{key}.*more than this machine's 8\.0 GiB"):
+        check_resources(config, memory=8 << 30)
+    check_resources(Config(), memory=8 << 30)  # the defaults fit in 8 GiB
+
+
+def test_an_empty_config_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text("# nothing yet\n")
+    with pytest.raises(UserError, match=rf"{path}: holds no \[data\], \[model\]"):
+        load_config(path)
+    path.write_text("[train]\nsteps = inf\n")
+    with pytest.raises(UserError, match=rf"{path}: \[train\] steps must be an integer, got inf"):
+        load_config(path)

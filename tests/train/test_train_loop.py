@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from embcore.train.checkpoint import list_checkpoints, load_checkpoint
+from embcore.errors import UserError
+from embcore.train import loop
 from embcore.train.config import Config
 from embcore.train.loop import TrainResult, evaluate, train
+from embcore.train.run_state import list_checkpoints, load_checkpoint
 from embcore.train.sources import build_source
 
 
@@ -77,16 +80,64 @@ def test_resume_refuses_a_changed_model_but_allows_more_steps(tiny: Config) -> N
     assert longer.steps == 16 and longer.resumed_from == 4
 
 
-def test_a_fresh_run_replaces_old_checkpoints(tiny: Config) -> None:
-    messages: list[str] = []
+def test_a_new_run_over_an_earlier_one_is_refused_and_changes_nothing(tiny: Config) -> None:
     train(tiny, stop_at=8, echo=_quiet)
-    result = train(tiny.with_overrides(["train.steps=4"]), echo=messages.append)
-    assert any("removing the earlier checkpoints" in m for m in messages)
+    ckpt_dir = Path(tiny.train.out_dir) / "checkpoints"
+    before = {p.name: p.read_bytes() for p in ckpt_dir.iterdir()}
+    with pytest.raises(UserError, match=r"already holds 2 checkpoint\(s\).*--resume.*--overwrite"):
+        train(tiny.with_overrides(["train.steps=4"]), echo=_quiet)
+    assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir()} == before
+
+
+def test_overwrite_keeps_the_earlier_run_until_the_first_new_checkpoint(
+    tiny: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train(tiny, echo=_quiet)  # a whole run: checkpoints and summary.json
+    out = Path(tiny.train.out_dir)
+    earlier = {p.name for p in (out / "checkpoints").iterdir()}
+    # The new run fails writing its first checkpoint (an injected fault): nothing is lost.
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "save_checkpoint", _disk_full)
+        with pytest.raises(OSError, match="injected"):
+            train(tiny, overwrite=True, echo=_quiet)
+    kept = out / "checkpoints.replaced"
+    assert {p.name for p in kept.iterdir()} == earlier
+    assert (out / "summary.json").is_file()
+    # A run that does publish removes the earlier one's files.
+    messages: list[str] = []
+    result = train(tiny.with_overrides(["train.steps=4"]), overwrite=True, echo=messages.append)
     assert result.resumed_from == 0
-    ckpts = list_checkpoints(Path(tiny.train.out_dir) / "checkpoints")
-    assert [s for s, _ in ckpts] == [4]
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [4]
+    assert not kept.exists()
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+
+
+def _disk_full(*args: object) -> None:
+    raise OSError(28, "injected: no space left on device")
 
 
 def test_dcn_interaction_trains(tiny: Config) -> None:
     result = train(tiny.with_overrides(["model.interaction=dcn", "model.dcn_rank=4"]), echo=_quiet)
     assert np.isfinite(result.final["log_loss"]) and result.final["auc"] > 0.5
+
+
+def test_progress_is_one_line_at_a_time_when_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    from embcore.train import progress as module
+    from embcore.train.progress import Progress, progress
+
+    monkeypatch.setattr(module, "LINE_SECONDS", 1e9)  # no clock in this test
+    log = io.StringIO()  # not a terminal
+    bar = progress(True, 12, 0, 64, stream=log)
+    assert type(bar) is Progress
+    for step in range(1, 13):
+        bar.update(64, 0.5 + step / 100 if step % 2 == 0 else None)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    # the first loss point, then (no LINE_SECONDS passed) only the last step
+    assert lines[0].startswith("step 2/12 (17%)") and lines[0].endswith("loss 0.5200")
+    assert lines[-1].startswith("step 12/12 (100%)") and lines[-1].endswith("loss 0.6200")
+    assert all(" samples/s" in line for line in lines) and len(lines) == 2

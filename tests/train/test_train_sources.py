@@ -3,6 +3,7 @@ where the uninterrupted one would; file sources train end to end."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 
 from embcore.data import read_criteo_tsv
 from embcore.data.batch import capped_vocab_sizes
+from embcore.errors import UserError
 from embcore.train.config import Config
 from embcore.train.loop import train
 from embcore.train.sources import build_source
@@ -100,3 +102,23 @@ def test_unlabeled_tsv_rows_have_nan_labels(tmp_path: Path) -> None:
 def test_missing_files_are_named(tiny: Config, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"\[data\] path: no such file"):
         build_source(_config(tiny, tmp_path, "criteo_tsv", ".tsv").data)
+
+
+def test_bad_rows_raise_by_default_and_skip_counts_them(tiny: Config, tmp_path: Path) -> None:
+    cfg = _config(tiny, tmp_path, "criteo_tsv", ".tsv")
+    _write_tsv(tmp_path / "eval.tsv", 40, seed=2)
+    _write_tsv(tmp_path / "train.tsv", 60, seed=1)
+    lines = (tmp_path / "train.tsv").read_text().splitlines()
+    lines[4] = "2" + lines[4][1:]  # line 5: label 2
+    lines[30] = lines[30].rsplit("\t", 3)[0]  # line 31: too few columns
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=rf"{tmp_path / 'train.tsv'}:5: the label must be 0 or 1"):
+        train(cfg, echo=lambda _: None)
+    assert not Path(cfg.train.out_dir).exists()  # nothing written
+    messages: list[str] = []
+    skip = cfg.with_overrides(["data.bad_rows=skip"])
+    result = train(skip, echo=messages.append)
+    assert result.skipped_rows == {str(tmp_path / "train.tsv"): 2, str(tmp_path / "eval.tsv"): 0}
+    assert any(m.startswith("skipped 2 malformed row(s)") for m in messages)
+    summary = json.loads((Path(cfg.train.out_dir) / "summary.json").read_text())
+    assert summary["skipped_rows"][str(tmp_path / "train.tsv")] == 2

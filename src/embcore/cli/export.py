@@ -22,15 +22,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from embcore.errors import UserError, reading
     from embcore.train.bundle import export_checkpoint
-    from embcore.train.checkpoint import latest_checkpoint
+    from embcore.train.run_state import latest_checkpoint
 
     checkpoint = args.checkpoint or latest_checkpoint(Path(args.run) / "checkpoints")
     if checkpoint is None:
         where = Path(args.run) / "checkpoints"
-        print(f"embcore export: no checkpoint in {where}; run embcore train first")
-        return 2
-    out = export_checkpoint(checkpoint, args.out or Path(args.run) / "export")
+        raise UserError(f"no checkpoint in {where}; run embcore train first")
+    if not Path(checkpoint).is_file():
+        what = "is a directory" if Path(checkpoint).is_dir() else "no such file"
+        raise UserError(f"{checkpoint}: {what}; expected a checkpoint written by embcore train")
+    target = Path(args.out or Path(args.run) / "export")
+    if target.exists() and not target.is_dir():
+        raise UserError(f"--out {target}: is a file, expected a directory for the bundle")
+    with reading(checkpoint, "a checkpoint written by embcore train"):
+        out = export_checkpoint(checkpoint, target)
     files = ", ".join(p.name for p in sorted(out.iterdir()))
     print(f"exported {checkpoint} -> {out}/ ({files})")
     return 0

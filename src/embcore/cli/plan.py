@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import embcore as ec
+from embcore.config import resolve
+from embcore.errors import UserError, reading
 from embcore.sharding import ShardingPlan, estimate, plan
 from embcore.sharding.planner import REPLICATE_MAX_BYTES, Replication, replication
 
@@ -53,6 +57,25 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
 }
 
+CONFIG_HELP = """\
+--config FILE: a JSON object (not a list) describing the tables:
+  {"tables": [{"name": "user", "vocabulary_size": 1000000, "dim": 64},
+              {"name": "item", "vocabulary_size": 50000, "dim": 32, "features": 2,
+               "max_sequence_length": 0, "combiner": "mean", "ids_per_example": 20}],
+   "optimizer": "adagrad", "batch_size": 4096}
+  per table: name (default table_<i>), vocabulary_size and dim (required), features (how many
+  features read the table, default 1), max_sequence_length (0: pooled), combiner (mean, sum,
+  sqrtn), ids_per_example (lookup statistics for the planner; optional).
+  optimizer: sgd, adagrad (default), adagrad_momentum, adam, ftrl, rowwise_adagrad, none.
+  batch_size: the per-rank batch size (default 1024); --batch-size and --optimizer override.
+--stats DIR|FILE: a profile_data_directory, or {"TABLE": {"ids_per_example": 20,
+  "unique_ratio": 0.4}}; statistics of tables the config does not have are reported and ignored.
+
+examples:
+  embcore plan --workload W1 --world-size 4
+  embcore plan --config tables.json -w 8 --override user=row_wise:mod --output plan.json
+see docs/sharding.md, "Planning from the command line"."""
+
 OPTIMIZERS = {
     "sgd": ec.SGD,
     "adagrad": ec.Adagrad,
@@ -70,7 +93,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="print a sharding plan with per-rank memory and traffic",
         description="Plan how tables are sharded over WORLD_SIZE ranks (no processes are "
         "started) and print each table's placement and each rank's estimated memory and "
-        "bytes communicated per training step.",
+        "bytes communicated per training step. A printed plan has passed the engine's own "
+        "checks, so EmbeddingEngine(..., plan=ShardingPlan.from_json(...)) accepts it.",
+        epilog=CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--workload", choices=sorted(WORKLOADS), help="a BENCHMARKS.md workload")
@@ -120,29 +146,67 @@ def _human(n: float) -> str:
     raise AssertionError
 
 
-def feature_config(spec: dict[str, Any]) -> tuple[dict[str, ec.FeatureConfig], dict[str, Any]]:
-    """Features from a config dict, and statistics implied by its ``ids_per_example``."""
-    features, stats = {}, {}
-    for i, t in enumerate(spec.get("tables", [])):
-        known = {"name", "vocabulary_size", "dim", "features", "max_sequence_length",
-                 "ids_per_example", "combiner"}  # fmt: skip
-        unknown = sorted(set(t) - known)
-        if unknown:
-            raise SystemExit(f"embcore plan: table {i}: unknown fields {unknown}")
-        table = ec.TableConfig(
-            vocabulary_size=t["vocabulary_size"],
-            dim=t["dim"],
-            name=t.get("name", f"table_{i}"),
-            combiner=t.get("combiner", "mean"),
+_TABLE_FIELDS = ("name", "vocabulary_size", "dim", "features", "max_sequence_length",
+                 "ids_per_example", "combiner")  # fmt: skip
+_TOP_FIELDS = ("tables", "optimizer", "batch_size")
+
+
+def _int_field(where: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"{where} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def feature_config(
+    spec: Any, source: str = "config"
+) -> tuple[dict[str, ec.FeatureConfig], dict[str, Any]]:
+    """Features from a config dict, and statistics implied by its ``ids_per_example``.
+
+    Raises:
+        UserError: the config is not ``{"tables": [{...}, ...], ...}`` or a table is invalid,
+            naming ``source`` and the table.
+    """
+    if not isinstance(spec, dict):
+        raise UserError(
+            f'{source}: expected a JSON object {{"tables": [...], "optimizer": ..., '
+            f'"batch_size": ...}}, got {type(spec).__name__} (see embcore plan --help)'
         )
-        for f in range(int(t.get("features", 1))):
-            features[f"{table.name}/{f}"] = ec.FeatureConfig(
-                table=table, max_sequence_length=int(t.get("max_sequence_length", 0))
+    unknown = sorted(set(spec) - set(_TOP_FIELDS))
+    if unknown:
+        raise UserError(f"{source}: unknown keys {unknown}; valid: {list(_TOP_FIELDS)}")
+    tables = spec.get("tables", [])
+    if not isinstance(tables, list) or not tables:
+        raise UserError(f'{source}: "tables" must be a non-empty list of tables, got {tables!r}')
+    features, stats = {}, {}
+    for i, t in enumerate(tables):
+        where = f"{source}: tables[{i}]"
+        if not isinstance(t, dict):
+            raise UserError(f"{where} must be an object with name, vocabulary_size, dim")
+        unknown = sorted(set(t) - set(_TABLE_FIELDS))
+        if unknown:
+            raise UserError(f"{where}: unknown fields {unknown}; valid: {list(_TABLE_FIELDS)}")
+        missing = [k for k in ("vocabulary_size", "dim") if k not in t]
+        if missing:
+            raise UserError(f"{where}: missing fields {missing}")
+        try:
+            table = ec.TableConfig(
+                vocabulary_size=t["vocabulary_size"],
+                dim=t["dim"],
+                name=t.get("name", f"table_{i}"),
+                combiner=t.get("combiner", "mean"),
             )
+            length = _int_field("max_sequence_length", t.get("max_sequence_length", 0), 0)
+            for f in range(_int_field("features", t.get("features", 1), 1)):
+                features[f"{table.name}/{f}"] = ec.FeatureConfig(
+                    table=table, max_sequence_length=length
+                )
+        except ValueError as error:
+            raise UserError(f"{where}: {error}") from None
         if "ids_per_example" in t:
-            stats[table.name] = {"ids_per_example": float(t["ids_per_example"])}
-    if not features:
-        raise SystemExit("embcore plan: the config has no tables")
+            value = t["ids_per_example"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise UserError(f"{where}: ids_per_example must be a number >= 0, got {value!r}")
+            stats[table.name] = {"ids_per_example": float(value)}
     return features, stats
 
 
@@ -150,8 +214,28 @@ def _load_stats(path: Path) -> dict[str, Any]:
     if path.is_dir():
         from embcore.cli.stats import load_directory
 
-        return {s.table: s for _, s in load_directory(path)}
-    return json.loads(path.read_text())
+        found = load_directory(path)
+        if not found:
+            raise UserError(f"{path}: no statistics files (*.json) in this directory")
+        return {s.table: s for _, s in found}
+    with reading(path, 'a JSON file {"table": {"ids_per_example": ..., "unique_ratio": ...}}'):
+        stats = json.loads(path.read_text())
+    if not isinstance(stats, dict) or not all(isinstance(v, dict) for v in stats.values()):
+        raise UserError(
+            f'{path}: expected {{"table": {{"ids_per_example": 20, "unique_ratio": '
+            f"0.4}}, ...}}, got {str(stats)[:80]}"
+        )
+    for table, values in stats.items():
+        ids, unique = values.get("ids_per_example", 0), values.get("unique_ratio", 1)
+        numbers = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (ids, unique)
+        )
+        if not numbers or not (ids >= 0 and 0 <= unique <= 1):
+            raise UserError(
+                f"{path}: table {table!r}: ids_per_example must be a number >= 0 and "
+                f"unique_ratio a number in [0, 1], got {ids!r} and {unique!r}"
+            )
+    return stats
 
 
 def report(
@@ -197,23 +281,50 @@ def report(
     return "\n".join(lines)
 
 
+def _load_spec(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workload:
+        return WORKLOADS[args.workload]
+    with reading(args.config, "a JSON file of tables (see embcore plan --help)"):
+        return json.loads(args.config.read_text())
+
+
+#: The largest --world-size planned for (the planner keeps per-rank lists).
+MAX_WORLD_SIZE = 1 << 16
+
+
 def run(args: argparse.Namespace) -> int:
-    spec = WORKLOADS[args.workload] if args.workload else json.loads(args.config.read_text())
-    features, stats = feature_config(spec)
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        raise UserError(f"--world-size must be in [1, {MAX_WORLD_SIZE}], got {args.world_size}")
+    for flag, value in (
+        ("--memory-per-rank", args.memory_per_rank),
+        ("--replicate-max-bytes", args.replicate_max_bytes),
+        ("--batch-size", args.batch_size),
+    ):
+        if value is not None and value < (0 if flag == "--replicate-max-bytes" else 1):
+            raise UserError(f"{flag} must be positive, got {value}")
+    spec = _load_spec(args)
+    features, stats = feature_config(spec, str(args.config or args.workload))
     if args.stats is not None:
         stats.update(_load_stats(args.stats))
+    names = {f.table.name for f in features.values()}
+    unmatched = sorted(set(stats) - names)
+    if unmatched:
+        print(
+            f"embcore plan: warning: ignoring statistics of tables the config does not have: "
+            f"{unmatched} (tables: {sorted(names)})",
+            file=sys.stderr,
+        )
+        stats = {n: v for n, v in stats.items() if n in names}
     name = args.optimizer or spec.get("optimizer", "adagrad")
     if name not in OPTIMIZERS:
-        raise SystemExit(
-            f"embcore plan: unknown optimizer {name!r}; use one of {sorted(OPTIMIZERS)}"
-        )
+        raise UserError(f"unknown optimizer {name!r}; use one of {sorted(OPTIMIZERS)}")
     optimizer = OPTIMIZERS[name]() if OPTIMIZERS[name] is not None else None
-    batch_size = args.batch_size or int(spec.get("batch_size", 1024))
+    batch_size = args.batch_size or _int_field("batch_size", spec.get("batch_size", 1024), 1)
     overrides = {}
     for item in args.override:
         table, sep, scheme = item.partition("=")
         if not sep:
-            raise SystemExit(f"embcore plan: --override wants TABLE=SCHEME, got {item!r}")
+            raise UserError(f"--override wants TABLE=SCHEME, got {item!r}")
         overrides[table] = scheme
     try:
         sharding = plan(
@@ -226,6 +337,8 @@ def run(args: argparse.Namespace) -> int:
             memory_per_rank=args.memory_per_rank,
             replicate_max_bytes=args.replicate_max_bytes,
         )
+        # The engine's own checks: a plan printed here is one the engine accepts.
+        sharding.check(resolve(features, optimizer)[1], args.world_size)
         verdicts = replication(
             features,
             args.world_size,
@@ -235,11 +348,20 @@ def run(args: argparse.Namespace) -> int:
             replicate_max_bytes=args.replicate_max_bytes,
         )
     except ValueError as error:
-        raise SystemExit(f"embcore {error}") from None
+        raise UserError(str(error)) from None
     if args.output is not None:
-        args.output.write_text(sharding.to_json(indent=2) + "\n")
+        _write_atomically(args.output, sharding.to_json(indent=2) + "\n")
     if args.json:
         print(sharding.to_json(indent=2))
     else:
         print(report(sharding, features, optimizer, batch_size, stats, verdicts))
     return 0
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from embcore.errors import UserError, reading
 
 if TYPE_CHECKING:
     from embcore.data.batch import Batch
@@ -55,7 +58,7 @@ def _batches(args: argparse.Namespace, serving: ServingModel) -> Iterator[Batch]
     else:
         data = serving.config.data
         if data.source != "synthetic":
-            raise ValueError("the bundle was trained on files: pass --input FILE")
+            raise UserError("the bundle was trained on files: pass --input FILE")
         batches = rebatch(SyntheticSource(data).eval_set().batches, args.batch_size)
     if args.rows:
         return _first_rows(batches, args.rows)
@@ -72,15 +75,52 @@ def _first_rows(batches: Iterable[Batch], rows: int) -> Iterator[Batch]:
 
 
 def _write(path: str, report: PredictReport) -> None:
-    if path.endswith(".npy"):
-        np.save(path, report.logits)
-        return
-    prob = 1.0 / (1.0 + np.exp(-report.logits.astype(np.float64)))
-    with open(path, "w") as f:
-        f.write("label,logit,probability\n")
-        for y, z, p in zip(report.labels, report.logits, prob, strict=True):
-            label = "" if np.isnan(y) else str(int(y))
-            f.write(f"{label},{z:.9g},{p:.9g}\n")
+    """Write the scores to a temporary file beside ``path``, then rename: never half a file."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"--output {path}: is a directory, expected a .npy or CSV file name")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            if path.endswith(".npy"):
+                np.save(f, report.logits)
+            else:
+                prob = 1.0 / (1.0 + np.exp(-report.logits.astype(np.float64)))
+                f.write(b"label,logit,probability\n")
+                for y, z, p in zip(report.labels, report.logits, prob, strict=True):
+                    label = "" if np.isnan(y) else str(int(y))
+                    f.write(f"{label},{z:.9g},{p:.9g}\n".encode())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _check_bundle_files(root: Path) -> None:
+    """Read each file of a bundle once, so that a damaged one is named in the error."""
+    import json
+
+    from safetensors import safe_open
+
+    from embcore.train.config import Config
+
+    if not root.is_dir():
+        what = "no such directory" if not root.exists() else "is a file"
+        raise UserError(f"--bundle {root}: {what}; expected a directory written by embcore export")
+    for name in ("config.json", "tables.safetensors", "dense.safetensors"):
+        if not (root / name).exists():
+            raise UserError(f"{root / name}: missing; not a serving bundle (embcore export)")
+    config = root / "config.json"
+    if config.exists():
+        with reading(config, "the JSON manifest of a serving bundle"):
+            manifest = json.loads(config.read_text())
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+                raise UserError(f'{config}: expected a JSON object with a "config" object')
+            Config.from_dict(manifest["config"])
+    for name in ("tables.safetensors", "dense.safetensors"):
+        if (root / name).exists():
+            with reading(root / name, "a safetensors file"), safe_open(root / name, "pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is no dict)
+                    f.get_slice(key)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,24 +130,23 @@ def run(args: argparse.Namespace) -> int:
     from embcore.train.predict import score
 
     if args.batch_size < 1 or args.rows < 0:
-        print("embcore predict: --batch-size must be >= 1 and --rows >= 0")
-        return 2
-    try:
+        raise UserError("--batch-size must be >= 1 and --rows >= 0")
+    if args.input and not Path(args.input).is_file():
+        what = "is a directory" if Path(args.input).is_dir() else "no such file"
+        raise UserError(f"--input {args.input}: {what}")
+    _check_bundle_files(Path(args.bundle))
+    with reading(args.bundle, "a serving bundle written by embcore export"):
         serving = load_bundle(args.bundle)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"embcore predict: {e}")
-        return 2
     threads = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     try:
-        report = score(serving, _batches(args, serving))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"embcore predict: {e}")
-        return 2
+        report = score(serving, _batches(args, serving))  # readers raise UserError
     finally:
         torch.set_num_threads(threads)
     source = args.input or "built-in held-out rows"
+    if report.rows == 0:
+        raise UserError(f"{source}: no rows to score")
     print(f"scored {report.rows:,} rows of {source} with {Path(args.bundle)}")
     print(
         f"throughput {report.rows_per_second:,.0f} rows/s; per-batch latency "

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from embcore.errors import UserError, reading
 from embcore.stats import TableStats
 
 __all__ = ["register", "report"]
@@ -15,8 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "stats",
         help="report lookup statistics (profile_data_directory)",
-        description="Print the lookup statistics stored in DIR and plot each table's id "
-        "frequencies (PNG files beside the statistics, or in --plots).",
+        description="Print the lookup statistics stored in DIR and plot, per table, the "
+        "counts of the hottest ids the profiler tracks (at most its sketch capacity, 256 by "
+        "default, from the sampled batches only) and the share of sampled lookups the top k "
+        "of them cover (PNG files beside the statistics, or in --plots).",
     )
     parser.add_argument("directory", type=Path, help="a profile_data_directory")
     parser.add_argument("--plots", type=Path, default=None, help="where to write the PNGs")
@@ -27,12 +30,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def load_directory(directory: Path) -> list[tuple[Path, TableStats]]:
     """Every statistics file of ``directory``, sorted by table name."""
     if not directory.is_dir():
-        raise SystemExit(f"embcore stats: {directory} is not a directory")
-    found = [
-        (path, TableStats.from_json(json.loads(path.read_text())))
-        for path in sorted(directory.glob("*.json"))
-    ]
+        raise UserError(f"{directory} is not a directory (expected a profile_data_directory)")
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        with reading(path, "a statistics file written by the engine's profiler"):
+            stats = TableStats.from_json(json.loads(path.read_text()))
+            _check(stats)
+        found.append((path, stats))
     return sorted(found, key=lambda item: item[1].table)
+
+
+def _check(s: TableStats) -> None:
+    """Counts a profiler can write: none negative, a sketch within its capacity."""
+    counts = {
+        "batches": s.batches,
+        "examples": s.examples,
+        "ids": s.ids,
+        "sketch_total": s.sketch_total,
+        "capacity": s.capacity - 1,
+    }
+    bad = [k for k, v in counts.items() if not isinstance(v, int) or v < 0]
+    if bad or min(s.sketch.values(), default=0) < 0 or len(s.sketch) > s.capacity:
+        raise UserError(
+            f"counts out of range in {bad or ['sketch']} (table {s.table!r}); expected "
+            "non-negative integers and at most capacity sketch entries"
+        )
+    if any(x < 0 for x in s.shard_load) or (s.ids_per_example < 0).any():
+        raise UserError(f"negative loads or ids per example (table {s.table!r})")
+
+
+def coverage(s: TableStats) -> list[float]:
+    """``[c_1, c_2, ...]``: the fraction of sampled lookups the ``k`` hottest tracked ids cover.
+
+    A lower bound: the sketch's counts undercount (by at most ``sketch_error`` each).
+    """
+    total = max(s.sketch_total, 1)
+    out, running = [], 0
+    for _, count in s.hottest():
+        running += count
+        out.append(running / total)
+    return out
 
 
 def report(found: list[tuple[Path, TableStats]], top: int) -> str:
@@ -52,6 +89,13 @@ def report(found: list[tuple[Path, TableStats]], top: int) -> str:
         )
         hot = ", ".join(f"{i} ({c})" for i, c in s.hottest(top))
         lines.append(f"  hottest ids (count, undercount <= {s.sketch_error:.0f}): {hot}")
+        cover = coverage(s)
+        if cover:
+            marks = [k for k in (1, 10, 100) if k < len(cover)] + [len(cover)]
+            shares = ", ".join(f"top {k} {100 * cover[k - 1]:.1f}%" for k in marks)
+            lines.append(
+                f"  sampled lookups covered by the hottest tracked ids (at least): {shares}"
+            )
         if len(s.shard_load) > 1:
             total = max(sum(s.shard_load), 1)
             shares = " ".join(f"{100 * x / total:.1f}%" for x in s.shard_load)
@@ -60,7 +104,12 @@ def report(found: list[tuple[Path, TableStats]], top: int) -> str:
 
 
 def plot(found: list[tuple[Path, TableStats]], out: Path) -> list[Path]:
-    """One log-log PNG per table: estimated count of the k-th hottest id against k."""
+    """One PNG per table: the tracked hottest ids' counts (log-log), and the cumulative share
+    of sampled lookups the top ``k`` of them cover.
+
+    Only the heavy hitters the sketch tracks (at most its capacity, 256 by default) are
+    plotted, from the sampled batches only; the titles and labels say so.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,12 +121,25 @@ def plot(found: list[tuple[Path, TableStats]], out: Path) -> list[Path]:
         counts = [c for _, c in s.hottest()]
         if not counts:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.loglog(range(1, len(counts) + 1), counts, marker=".", linestyle="-")
-        ax.set_xlabel("rank of id")
-        ax.set_ylabel("sampled lookups")
-        ax.set_title(f"{s.table}: id frequencies ({s.ids} sampled ids)")
-        ax.grid(True, which="both", alpha=0.3)
+        ks = range(1, len(counts) + 1)
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+        left.loglog(ks, counts, marker=".", linestyle="-")
+        left.set_xlabel("rank k of id among the tracked hottest")
+        left.set_ylabel("lookups in sampled batches")
+        left.set_title("count of the k-th hottest id", fontsize=10)
+        left.grid(True, which="both", alpha=0.3)
+        cover = [100 * c for c in coverage(s)]
+        right.semilogx(ks, cover, marker=".", linestyle="-", color="tab:orange")
+        right.set_ylim(0, 100)
+        right.set_xlabel("k hottest ids")
+        right.set_ylabel("% of sampled lookups (at least)")
+        right.set_title(f"top-k ids cover: top {len(cover)} = {cover[-1]:.1f}%", fontsize=10)
+        right.grid(True, which="both", alpha=0.3)
+        fig.suptitle(
+            f"{s.table}: the {len(counts)} hottest ids tracked (sketch capacity {s.capacity}) "
+            f"of {s.ids:,} lookups in {s.batches:,} sampled batches; other ids not shown",
+            fontsize=9,
+        )
         fig.tight_layout()
         target = out / f"{path.stem}.png"
         fig.savefig(target, dpi=100)

@@ -11,6 +11,7 @@ examples:
   embcore train                                   # built-in data, about 1.5 min on 2 cores
   embcore train --set train.steps=300 --set model.interaction=dcn
   embcore train --config job.toml --resume        # continue after an interruption
+  embcore train --overwrite                       # replace the run in train.out_dir
 config keys (section.key): see docs/main_job.md, or embcore.train.config"""
 
 
@@ -18,8 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a DLRM click model (built-in data by default)",
-        description="Train DLRM with the embedding engine: progress bar, periodic evaluation, "
-        "checkpoints, a summary table and curves.png in train.out_dir (default runs/dlrm).",
+        description="Train DLRM with the embedding engine: progress (a bar on a terminal, "
+        "one line at a time in a log), periodic evaluation, checkpoints, a summary table and "
+        "curves.png in train.out_dir (default runs/dlrm). A train.out_dir that holds an "
+        "earlier run is refused unless --resume or --overwrite says what to do with it.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -32,10 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="overrides",
         help="override one key, e.g. --set train.steps=100 (repeatable)",
     )
-    parser.add_argument(
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument(
         "--resume",
         action="store_true",
         help="continue from the latest checkpoint in train.out_dir (start afresh if none)",
+    )
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in train.out_dir; its checkpoints are deleted only once this "
+        "run has written its first checkpoint",
     )
     parser.set_defaults(func=run)
 
@@ -47,14 +57,6 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()  # reuse each step's freed batch-sized blocks (docs/cpu_backend.md)
 
-    try:
-        config = load_config(args.config, args.overrides)
-    except (ValueError, OSError) as e:
-        print(f"embcore train: {e}")
-        return 2
-    try:
-        train(config, resume=args.resume)
-    except (ValueError, FileNotFoundError) as e:  # bad data files, a mismatched --resume
-        print(f"embcore train: {e}")
-        return 2
+    config = load_config(args.config, args.overrides)  # errors: see embcore.cli.main
+    train(config, resume=args.resume, overwrite=args.overwrite)
     return 0

@@ -1,4 +1,4 @@
-"""Small stand-ins for the TensorFlow runtime the seed examples use around the embedding API.
+"""Small stand-ins for the TensorFlow runtime around the TPU embedding API's examples.
 
 They exist so that TensorFlow training loops run on PyTorch with their imports changed; each
 does the one thing the examples need, eagerly, on one process:

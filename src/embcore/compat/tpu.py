@@ -12,6 +12,7 @@ TensorFlow                                         here
 ``tf.tpu.experimental.*Parameters``                ``embcore.feature_column`` parameter classes
 ``tf.estimator.tpu.experimental.EmbeddingConfigSpec``  :class:`EmbeddingConfigSpec`
 ``tf.estimator.tpu.TPUEstimator`` / ``...Spec``    :class:`TPUEstimator` / :func:`TPUEstimatorSpec`
+``tf.estimator.RunConfig`` / ``tpu.TPUConfig``      :class:`RunConfig` / :class:`TPUConfig`
 ``tpu_embedding.TableConfig`` / ``FeatureConfig``  :data:`tpu_embedding` (the v1 configs)
 =================================================  ===========================================
 
@@ -22,8 +23,9 @@ paths, so that ``import tensorflow as tf`` can become ``from embcore.compat impo
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 
 from embcore import feature_column as fc
 from embcore._validate import check_bool, check_int, describe
+from embcore.compat.namespace import Namespace
 from embcore.config import FeatureConfig, TableConfig
 from embcore.engine import EmbeddingEngine
 from embcore.estimator import Estimator, EstimatorSpec, ModeKeys
@@ -46,13 +49,16 @@ __all__ = [
     "EmbeddingConfigSpec",
     "FeatureConfig",
     "FtrlParameters",
+    "RunConfig",
     "StochasticGradientDescentParameters",
+    "TPUConfig",
     "TPUEmbedding",
     "TPUEstimator",
     "TPUEstimatorSpec",
     "TableConfig",
     "embedding_column",
     "estimator_spec",
+    "input_layer",
     "shared_embedding_columns",
     "tpu_embedding",
 ]
@@ -65,7 +71,9 @@ FtrlParameters = fc.FtrlParameters
 StochasticGradientDescentParameters = fc.StochasticGradientDescentParameters
 
 #: ``from tensorflow.python.tpu import tpu_embedding``: the v1 configs of the dict form.
-tpu_embedding = SimpleNamespace(TableConfig=fc.V1TableConfig, FeatureConfig=fc.V1FeatureConfig)
+tpu_embedding = Namespace(
+    "tpu_embedding", TableConfig=fc.V1TableConfig, FeatureConfig=fc.V1FeatureConfig
+)
 
 
 class TPUEmbedding(nn.Module):
@@ -143,7 +151,7 @@ class TPUEmbedding(nn.Module):
 
 class EmbeddingConfigSpec(fc.EmbeddingConfigSpec):
     """``tf.estimator.tpu.experimental.EmbeddingConfigSpec``; also takes ``column=`` for
-    ``feature_columns=``, the spelling of the seed documents' own examples."""
+    ``feature_columns=``, the spelling of TensorFlow's own documentation examples."""
 
     def __init__(
         self,
@@ -184,6 +192,26 @@ def _reject(owner: str, **unsupported: Any) -> None:
 def _metric_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """TensorFlow metrics are ``(value, update_op)`` pairs; keep the values."""
     return {k: v[0] if isinstance(v, tuple) else v for k, v in metrics.items()}
+
+
+def input_layer(features: Mapping[str, Any], feature_columns: Any) -> Tensor:
+    """``tf.compat.v1.feature_column.input_layer`` inside a ``model_fn``: the columns'
+    ``(B, Σ width)`` values in name order, as :class:`~embcore.feature_column.DenseFeatures`.
+
+    Raises:
+        ValueError: embedding columns outside an Estimator's ``model_fn`` (where nothing looked
+            them up; build one ``DenseFeatures`` module instead, so its tables persist).
+    """
+    columns = (
+        [feature_columns] if not isinstance(feature_columns, (list, tuple)) else feature_columns
+    )
+    layer = fc.DenseFeatures(list(columns))
+    if layer.feature_columns and not isinstance(features, fc.EmbeddedFeatures):
+        raise ValueError(
+            "input_layer: embedding columns are looked up by the Estimator; outside a model_fn, "
+            "build one embcore.feature_column.DenseFeatures module and call it"
+        )
+    return layer(features)
 
 
 def estimator_spec(
@@ -245,19 +273,74 @@ def TPUEstimatorSpec(  # TensorFlow's name
     return EstimatorSpec(mode, predictions, loss, train_op, metrics)
 
 
+@dataclass(frozen=True)
+class TPUConfig:
+    """``tf.estimator.tpu.TPUConfig``: accepted for porting; nothing here loops on a TPU.
+
+    ``iterations_per_loop`` and the other fields are kept but change nothing.
+    """
+
+    iterations_per_loop: int = 2
+    num_shards: int | None = None
+    num_cores_per_replica: int | None = None
+    per_host_input_for_training: Any = True
+    tpu_job_name: str | None = None
+    initial_infeed_sleep_secs: int | None = None
+    input_partition_dims: Any = None
+    eval_training_input_configuration: Any = None
+    experimental_host_call_every_n_steps: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """``tf.estimator.RunConfig`` / ``tf.estimator.tpu.RunConfig`` for :class:`TPUEstimator`.
+
+    Used: ``model_dir``, ``tf_random_seed`` (the tables' initializer seed),
+    ``save_checkpoints_steps``, ``keep_checkpoint_max`` and ``log_step_count_steps`` (how
+    often ``train`` logs ``loss = ..., step = ...`` and ``global_step/sec``). Accepted and
+    unused (there is no TPU or cluster): ``tpu_config``, ``cluster``, ``master``,
+    ``evaluation_master``, ``session_config``, ``save_summary_steps``,
+    ``save_checkpoints_secs`` (must be None: checkpoints are by steps).
+    """
+
+    model_dir: str | None = None
+    tf_random_seed: int | None = None
+    save_checkpoints_steps: int | None = None
+    keep_checkpoint_max: int = 5
+    log_step_count_steps: int | None = 100
+    tpu_config: TPUConfig | None = None
+    cluster: Any = None
+    master: str | None = None
+    evaluation_master: str | None = None
+    session_config: Any = None
+    save_summary_steps: int | None = 100
+    save_checkpoints_secs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.save_checkpoints_secs is not None:
+            raise NotImplementedError(
+                "RunConfig: save_checkpoints_secs is not supported; use save_checkpoints_steps"
+            )
+        for name in ("save_checkpoints_steps", "log_step_count_steps", "tf_random_seed"):
+            value = getattr(self, name)
+            if value is not None:
+                check_int("RunConfig", name, value, minimum=0 if name == "tf_random_seed" else 1)
+        check_int("RunConfig", "keep_checkpoint_max", self.keep_checkpoint_max, minimum=1)
+
+
 class TPUEstimator(Estimator):
     """``tf.estimator.tpu.TPUEstimator``: an :class:`~embcore.estimator.Estimator` whose
     ``input_fn`` and ``model_fn`` get ``params["batch_size"]`` for the current mode.
 
-    ``config`` (a RunConfig) is not supported: pass ``model_dir`` here. ``use_tpu`` is
-    accepted; everything runs on the engine's device.
+    ``config`` is a :class:`RunConfig` (its ``model_dir``, seed, checkpoint and logging
+    settings are used). ``use_tpu`` is accepted; everything runs on the engine's device.
     """
 
     def __init__(
         self,
         model_fn: Callable[..., EstimatorSpec],
         model_dir: str | None = None,
-        config: Any = None,
+        config: RunConfig | None = None,
         params: Mapping[str, Any] | None = None,
         use_tpu: bool = True,
         train_batch_size: int | None = None,
@@ -267,9 +350,25 @@ class TPUEstimator(Estimator):
         **options: Any,
     ) -> None:
         if config is not None:
-            raise NotImplementedError(
-                "TPUEstimator: config (RunConfig) is not supported; pass model_dir directly"
-            )
+            if not isinstance(config, RunConfig):
+                raise NotImplementedError(
+                    f"TPUEstimator: config must be a tf.estimator.RunConfig (embcore.compat.tpu."
+                    f"RunConfig), got {describe(config)}"
+                )
+            both = model_dir is not None and config.model_dir is not None
+            if both and os.fspath(model_dir) != os.fspath(config.model_dir):  # type: ignore[arg-type]
+                raise ValueError(
+                    f"TPUEstimator: model_dir {model_dir!r} differs from config.model_dir "
+                    f"{config.model_dir!r}; give one"
+                )
+            model_dir = model_dir if model_dir is not None else config.model_dir
+            options = {
+                "save_checkpoints_steps": config.save_checkpoints_steps,
+                "keep_checkpoint_max": config.keep_checkpoint_max,
+                "log_step_count_steps": config.log_step_count_steps,
+                **({"seed": config.tf_random_seed} if config.tf_random_seed is not None else {}),
+                **options,
+            }
         if params and "batch_size" in params:
             raise ValueError("TPUEstimator: params['batch_size'] is reserved; pass *_batch_size")
         self._batch_sizes = {

@@ -18,7 +18,9 @@ two places, so that a fresh process resuming from ``model_dir`` gets it back.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from embcore.estimator import io, state
+from embcore.errors import UserError, reading
+from embcore.estimator import model_dir as io
+from embcore.estimator import state
 from embcore.estimator.calls import accepted_args, iterate_input
 from embcore.estimator.spec import EstimatorSpec, ModeKeys
 from embcore.feature_column.config_spec import EmbeddingConfigSpec
@@ -34,6 +38,10 @@ from embcore.feature_column.embedding import EmbeddingColumn, embedding_columns_
 from embcore.feature_column.lookup import EmbeddedFeatures, EmbeddingLookup
 
 __all__ = ["Estimator"]
+
+#: ``train`` reports here as TensorFlow's Estimator does: ``loss = ..., step = ...`` and
+#: ``global_step/sec`` every ``log_step_count_steps`` steps, at INFO level.
+logger = logging.getLogger("embcore.estimator")
 
 
 class Estimator:
@@ -54,6 +62,9 @@ class Estimator:
         save_checkpoints_steps: also checkpoint every this many steps (always at the end of
             ``train``).
         keep_checkpoint_max: how many checkpoints to keep.
+        log_step_count_steps: ``train`` logs the loss and the step (at the first step and
+            every this many steps) and the steps per second, as TensorFlow's Estimator does, to
+            the ``embcore.estimator`` logger at INFO level (``None``: no progress logs).
     """
 
     def __init__(
@@ -67,6 +78,7 @@ class Estimator:
         device: torch.device | str | None = None,
         save_checkpoints_steps: int | None = None,
         keep_checkpoint_max: int = 5,
+        log_step_count_steps: int | None = 100,
     ) -> None:
         if not callable(model_fn):
             raise ValueError(f"Estimator: model_fn must be callable, got {model_fn!r}")
@@ -82,6 +94,7 @@ class Estimator:
         for name, value in (
             ("save_checkpoints_steps", save_checkpoints_steps),
             ("keep_checkpoint_max", keep_checkpoint_max),
+            ("log_step_count_steps", log_step_count_steps),
         ):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"Estimator: {name} must be an int >= 1, got {value!r}")
@@ -92,6 +105,7 @@ class Estimator:
         self._params = dict(params or {})
         self._seed, self._device = seed, device
         self._save_steps, self._keep = save_checkpoints_steps, keep_checkpoint_max
+        self._log_steps = log_step_count_steps
         self._columns: tuple[EmbeddingColumn, ...] = (
             embedding_config_spec.embedding_columns if embedding_config_spec else ()
         )
@@ -154,9 +168,14 @@ class Estimator:
             )
         self._profiling = "profile_data_directory" in options if self._columns else False
         self._built = True
-        latest = self.latest_checkpoint()
+        pointer = self._model_dir / "checkpoint.json" if self._model_dir is not None else None
+        if pointer is not None and pointer.exists() and not pointer.is_file():
+            raise UserError(f"{pointer}: is not a file (an Estimator's list of checkpoints)")
+        with reading(pointer or "model_dir", "the checkpoint list an Estimator writes"):
+            latest = self.latest_checkpoint()
         if latest is not None:
-            self._restore(*io.read_directory(latest, "checkpoint"))
+            with reading(latest, "a checkpoint directory written by an Estimator"):
+                self._restore(*io.read_directory(latest, "checkpoint"))
 
     def _restore(self, tensors: dict[str, Tensor], meta: dict) -> None:
         optimizer = state.restore_tensors(self._lookup, self._modules(), tensors)
@@ -187,6 +206,7 @@ class Estimator:
         if self._model_dir is None:
             return None
         tensors, meta = self._state(with_optimizer=True)
+        logger.info("Saving checkpoints for %d into %s.", self._global_step, self._model_dir)
         return io.write_checkpoint(self._model_dir, self._global_step, tensors, meta, self._keep)
 
     # ------------------------------------------------------------------------------ calls
@@ -266,7 +286,7 @@ class Estimator:
             self._pending_optimizer = None
         self._optimizer = optimizer
 
-    def _train_step(self, features: Mapping[str, Any], labels: Any) -> None:
+    def _train_step(self, features: Mapping[str, Any], labels: Any) -> Tensor:
         embedded = self._embed(features, ModeKeys.TRAIN)
         spec = self._call(embedded, labels, ModeKeys.TRAIN)
         self._adopt(spec.optimizer)
@@ -276,6 +296,7 @@ class Estimator:
         if spec.optimizer is not None:
             spec.optimizer.step()
         self._global_step += 1
+        return spec.loss.detach()  # type: ignore[union-attr]
 
     def train(
         self,
@@ -304,20 +325,42 @@ class Estimator:
         self._set_training(True)
         saved_at = None
         batches = self._batches(input_fn, ModeKeys.TRAIN)
+        loss, since, steps_since, first = None, time.perf_counter(), 0, True
         while target is None or self._global_step < target:
             try:
                 features, labels = next(batches)
             except StopIteration:
                 break
-            self._train_step(features, labels)
+            loss = self._train_step(features, labels)
+            steps_since += 1
+            if self._log_steps and (first or self._global_step % self._log_steps == 0):
+                since, steps_since = self._log_progress(loss, since, steps_since, first)
+                first = False
             if self._save_steps and self._global_step % self._save_steps == 0:
                 self._save()
                 saved_at = self._global_step
         if saved_at != self._global_step:
             self._save()
+        if loss is not None and self._log_steps:
+            logger.info("Loss for final step: %s.", f"{float(loss):.6g}")
         if self._profiling:
             self._lookup.engine.write_statistics()  # type: ignore[union-attr]
         return self
+
+    def _log_progress(
+        self, loss: Tensor, since: float, steps: int, first: bool
+    ) -> tuple[float, int]:
+        """TensorFlow's lines: ``loss = 0.693, step = 100 (1.234 sec)``, ``global_step/sec``."""
+        now = time.perf_counter()
+        if not first:  # there is a rate to report
+            logger.info("global_step/sec: %s", f"{steps / max(now - since, 1e-9):.4g}")
+            logger.info(
+                "loss = %s, step = %d (%.3f sec)", f"{float(loss):.6g}", self._global_step,
+                now - since,
+            )  # fmt: skip
+        else:
+            logger.info("loss = %s, step = %d", f"{float(loss):.6g}", self._global_step)
+        return now, 0
 
     # ----------------------------------------------------------------- evaluate / predict
     def evaluate(self, input_fn: Callable[..., Any], steps: int | None = None) -> dict[str, Any]:
@@ -387,10 +430,11 @@ class Estimator:
         """An Estimator that evaluates and predicts with an export: its columns are rebuilt
         from the export, its tables and modules loaded; ``model_fn`` and the modules in
         ``params`` must be those the export was made with (fresh instances are fine)."""
-        tensors, meta = io.read_directory(path, "export")
-        estimator = cls(model_fn, params=params, device=device)
-        estimator._columns = tuple(embedding_columns_from_config(meta["columns"]))
-        estimator._serving_only = True
-        estimator._build()
-        estimator._restore(tensors, meta)
+        with reading(path, "a directory written by Estimator.export"):
+            tensors, meta = io.read_directory(path, "export")
+            estimator = cls(model_fn, params=params, device=device)
+            estimator._columns = tuple(embedding_columns_from_config(meta["columns"]))
+            estimator._serving_only = True
+            estimator._build()
+            estimator._restore(tensors, meta)
         return estimator

@@ -30,6 +30,7 @@ from embcore.feature_column.embedding import (
 )
 from embcore.feature_column.hashing import fingerprint64
 from embcore.feature_column.lookup import EmbeddedFeatures, EmbeddingLookup
+from embcore.feature_column.numeric import NumericColumn, numeric_column
 from embcore.feature_column.parameters import (
     AdagradParameters,
     AdamParameters,
@@ -66,6 +67,7 @@ __all__ = [
     "FtrlParameters",
     "HashedCategoricalColumn",
     "IdentityCategoricalColumn",
+    "NumericColumn",
     "SequenceCategoricalColumn",
     "StochasticGradientDescentParameters",
     "V1FeatureConfig",
@@ -79,6 +81,7 @@ __all__ = [
     "categorical_column_with_vocabulary_list",
     "embedding_column",
     "fingerprint64",
+    "numeric_column",
     "sequence_categorical_column_with_hash_bucket",
     "sequence_categorical_column_with_identity",
     "sequence_categorical_column_with_vocabulary_file",

@@ -5,9 +5,10 @@ activations concatenated::
 
     DenseFeatures([video_embedding, query_embedding])(features)   # (B, dim_query + dim_video)
 
-With sequence columns the result is a :class:`DenseFeaturesOutput`: the concatenated pooled
-columns (``None`` if there are none), and per sequence column its ``(B, L, dim)`` activations
-and ``(B,)`` lengths.
+``numeric_column`` features are concatenated in the same name order, as ``(B, prod(shape))``
+float32 values. With sequence columns the result is a :class:`DenseFeaturesOutput`: the
+concatenated pooled columns (``None`` if there are none), and per sequence column its
+``(B, L, dim)`` activations and ``(B,)`` lengths.
 
 Inside an :class:`~embcore.estimator.Estimator`'s ``model_fn`` the features arrive already
 looked up (:class:`EmbeddedFeatures`) and ``DenseFeatures`` only arranges them; on a raw
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 
 from embcore.feature_column.embedding import EmbeddingColumn
 from embcore.feature_column.lookup import EmbeddedFeatures, EmbeddingLookup, OptimizerChoice
+from embcore.feature_column.numeric import NumericColumn
 
 __all__ = ["DenseFeatures", "DenseFeaturesOutput"]
 
@@ -47,41 +49,45 @@ class DenseFeatures(nn.Module):
     """Embedding columns as a module (see the module docstring).
 
     Args:
-        feature_columns: an embedding column or a list of them.
+        feature_columns: an embedding or numeric column, or a list of them.
         optimizer: trains the engine tables when the module looks up raw features itself in
             training mode (``loss.backward()`` applies the update); ``None``: lookup only.
         seed: seeds the default initializers of the tables it creates.
         device: where those tables live.
 
     Raises:
-        TypeError: an element is not an embedding column.
+        TypeError: an element is neither an embedding nor a numeric column.
         ValueError: no columns, or two columns with one name.
     """
 
     def __init__(
         self,
-        feature_columns: EmbeddingColumn | Sequence[EmbeddingColumn],
+        feature_columns: EmbeddingColumn
+        | NumericColumn
+        | Sequence[EmbeddingColumn | NumericColumn],
         optimizer: OptimizerChoice = None,
         *,
         seed: int = 0,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(feature_columns, EmbeddingColumn):
+        if isinstance(feature_columns, (EmbeddingColumn, NumericColumn)):
             feature_columns = [feature_columns]
         columns = list(feature_columns)
         for c in columns:
-            if not isinstance(c, EmbeddingColumn):
+            if not isinstance(c, (EmbeddingColumn, NumericColumn)):
                 raise TypeError(
                     f"DenseFeatures: expected embedding columns (embedding_column, "
-                    f"shared_embedding_columns), got {c!r}"
+                    f"shared_embedding_columns) or numeric_column, got {c!r}"
                 )
         if not columns:
             raise ValueError("DenseFeatures: feature_columns must not be empty")
         names = [c.name for c in columns]
         if len(set(names)) != len(names):
             raise ValueError(f"DenseFeatures: duplicate columns in {names}")
-        self.feature_columns = tuple(sorted(columns, key=lambda c: c.name))
+        self.all_columns = tuple(sorted(columns, key=lambda c: c.name))
+        #: The embedding columns (numeric columns need no lookup).
+        self.feature_columns = tuple(c for c in self.all_columns if isinstance(c, EmbeddingColumn))
         self._optimizer, self._seed, self._device = optimizer, seed, device
         self.lookup: EmbeddingLookup | None = None
 
@@ -108,9 +114,15 @@ class DenseFeatures(nn.Module):
                     f"DenseFeatures: columns {missing} were not looked up; add them to the "
                     "EmbeddingConfigSpec's feature_columns"
                 )
-        else:
+        elif self.feature_columns:
             acts, lengths = self.build()(features)
-        pooled = [acts[c.feature_key] for c in self.feature_columns if not c.is_sequence]
+        else:
+            acts, lengths = {}, {}
+        pooled = [
+            c.dense(features) if isinstance(c, NumericColumn) else acts[c.feature_key]
+            for c in self.all_columns
+            if isinstance(c, NumericColumn) or not c.is_sequence
+        ]
         dense = torch.cat(pooled, dim=1) if pooled else None
         if not self.has_sequence_columns:
             return dense  # type: ignore[return-value]

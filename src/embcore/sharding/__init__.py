@@ -3,17 +3,18 @@
 Under ``torchrun`` (an initialized process group of several ranks),
 ``embcore.EmbeddingEngine(...)`` shards its tables by a :class:`ShardingPlan`: each rank feeds
 its own batch and gets its activations, and every step equals one process training on the
-concatenation of all ranks' batches (SPEC 3.16). See ``docs/sharding.md``.
+concatenation of all ranks' batches. See ``docs/sharding.md``.
 
-* :mod:`~embcore.sharding.spec`: :class:`ShardingPlan`, :class:`TableShard` (frozen, JSON);
+* :mod:`~embcore.sharding.plan`: :class:`ShardingPlan`, :class:`TableShard` (frozen, JSON);
 * :mod:`~embcore.sharding.planner`: :func:`plan`, :func:`estimate` (the cost model);
-* :mod:`~embcore.sharding.maps`: the ``div``/``mod`` row maps (SPEC 4.1);
-* one module per scheme: ``table_wise``, ``row_wise``, ``column_wise``, ``data_parallel``;
+* :mod:`~embcore.sharding.schemes`: :data:`SCHEMES`, one module per scheme;
+* :mod:`~embcore.sharding.maps`: the ``div``/``mod`` row maps;
 * :mod:`~embcore.sharding.engine`: :class:`ShardedEmbeddingEngine`.
 """
 
+from embcore.sharding.plan import ShardingPlan, TableShard
 from embcore.sharding.planner import RankLoad, TableLoad, estimate, plan
-from embcore.sharding.spec import SCHEMES, ShardingPlan, TableShard
+from embcore.sharding.schemes import SCHEMES
 
 __all__ = [
     "SCHEMES",

@@ -141,6 +141,42 @@ class Comm:
         self.stats.collectives += 1
         return [o.tolist() for o in out]
 
+    def agree(
+        self, what: str, error: BaseException | None, values: list[int] | None = None
+    ) -> list[list[int]]:
+        """A barrier that carries each rank's outcome and ``values`` (the same length on every
+        rank): a failure on any rank raises on every rank, instead of leaving the others
+        waiting in the next collective.
+
+        Args:
+            what: the operation, for the message (``"embcore.checkpoint.save"``).
+            error: this rank's failure, or ``None``; it is re-raised here after the barrier.
+            values: ints to share (for instance fingerprints to compare).
+
+        Returns:
+            Every rank's ``values``, in rank order.
+
+        Raises:
+            RuntimeError: another rank failed (this rank's own ``error`` is raised as is).
+        """
+        gathered = self.all_gather_ints([int(error is not None), *(values or [])])
+        if error is not None:
+            raise error
+        failed = [r for r, g in enumerate(gathered) if g[0]]
+        if failed:
+            raise RuntimeError(
+                f"{what}: failed on rank(s) {failed} (see the error there); no rank went on"
+            )
+        return [g[1:] for g in gathered]
+
+    def check_same(self, what: str, fingerprint: int, about: str) -> None:
+        """Raise on every rank unless every rank holds the same ``fingerprint``
+        (``about`` completes "rank(s) [..] ..." in the message)."""
+        everyone = [v[0] for v in self.agree(what, None, [fingerprint])]
+        differ = [r for r, v in enumerate(everyone) if v != everyone[0]]
+        if differ:
+            raise ValueError(f"{what}: rank(s) {differ} {about} than rank 0")
+
 
 class Exchange:
     """Tensors for each rank, collected during one phase and sent in one fused all-to-all."""

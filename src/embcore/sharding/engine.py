@@ -27,26 +27,14 @@ from embcore import ops
 from embcore.config import ResolvedFeature
 from embcore.engine import EmbeddingEngine
 from embcore.inputs import FeatureBatch
-from embcore.sharding.base import ShardedTable, ShardEnv
-from embcore.sharding.column_wise import ColumnWise
 from embcore.sharding.comm import Comm, CommStats
-from embcore.sharding.data_parallel import DataParallel
-from embcore.sharding.load import lookup_load
+from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
-from embcore.sharding.row_wise import RowWise
-from embcore.sharding.spec import ShardingPlan
-from embcore.sharding.table_wise import TableWise
+from embcore.sharding.schemes import SCHEMES, ShardEnv, lookup_load
+from embcore.sharding.schemes import Scheme as ShardedTable
 from embcore.stats import StatsTable
 
-__all__ = ["SCHEME_CLASSES", "ShardedEmbeddingEngine", "wants_sharding"]
-
-#: The conformance list: scheme name -> implementation. Shared tests run over every entry.
-SCHEME_CLASSES: dict[str, type[ShardedTable]] = {
-    "table_wise": TableWise,
-    "row_wise": RowWise,
-    "column_wise": ColumnWise,
-    "data_parallel": DataParallel,
-}
+__all__ = ["ShardedEmbeddingEngine", "wants_sharding"]
 
 
 def wants_sharding(kwargs: dict[str, Any]) -> bool:
@@ -125,9 +113,7 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
         self.plan = plan
         env = ShardEnv(self._comm, device, self.seed, self.backend, self.storage_dtype,
                        self.stochastic_rounding)  # fmt: skip
-        self._sharded = [
-            SCHEME_CLASSES[plan[t.name].scheme](t, plan[t.name], env) for t in self._tables
-        ]
+        self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self._tables]
         self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
 
     def _check_everyone_agrees(self, plan: ShardingPlan) -> None:

@@ -1,4 +1,4 @@
-"""The ``div`` and ``mod`` row -> shard maps (SPEC 4.1), as pure functions.
+"""The ``div`` and ``mod`` row -> shard maps (``docs/semantics.md`` §4.1), as pure functions.
 
 With ``N`` rows over ``P`` shards, ``q = N // P`` and ``x = N % P``, both strategies give the first
 ``x`` shards ``q + 1`` rows and the rest ``q`` (``q = 0``: shards ``N..P-1`` are empty)::

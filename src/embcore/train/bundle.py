@@ -9,6 +9,13 @@
                            preprocessed, and the metrics at export
 
 Optimizer slots are left out: serving only looks rows up.
+
+``config.json`` is the bundle's manifest: it records the sha256 of both tensor files and of
+itself, and :func:`load_bundle` checks them before using anything, so a flipped bit, a
+truncated file or files of two exports mixed are refused, naming the file. An export is written
+into a temporary directory beside ``out_dir`` and renamed into place (replacing a previous
+bundle there), so an export killed half-way leaves the previous bundle intact. See
+docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -21,25 +28,43 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from embcore import _atomic
+from embcore._files import read_regular
+from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
 from embcore.models import DLRM
-from embcore.train.checkpoint import load_checkpoint
 from embcore.train.config import Config
 from embcore.train.model import build_model
+from embcore.train.run_state import load_checkpoint
 
 __all__ = ["ServingModel", "export_bundle", "export_checkpoint", "load_bundle"]
 
 _FORMAT = "embcore-serving-bundle"
 _VERSION = 1
 _ENGINE = "engine."
+_TENSOR_FILES = ("tables.safetensors", "dense.safetensors")
 
 
 def export_bundle(
     model: DLRM, config: Config, out_dir: str | os.PathLike, extra: dict[str, Any] | None = None
 ) -> Path:
-    """Write ``model`` and its ``config`` as a bundle in ``out_dir`` (created or overwritten)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write ``model`` and its ``config`` as a bundle in ``out_dir`` (created or replaced, as
+    a whole: see the module docstring).
+
+    Raises:
+        FileExistsError: ``out_dir`` holds other files than a bundle (nothing is deleted).
+        DiskFullError (an OSError): the disk filled up; the previous bundle is left as it was.
+    """
+    final = Path(out_dir)
+    _atomic.check_replaceable(final, "config.json")  # before any work
+    _atomic.remove_stale(final)
+    with _atomic.temp_dir(final) as tmp:
+        _write(model, config, tmp.path, extra)
+        _atomic.replace_dir(tmp.path, final, "config.json")
+    return final
+
+
+def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None) -> None:
     tables = {name: t.detach().contiguous() for name, t in model.engine.embedding_tables.items()}
     dense = {
         k: v.detach().contiguous()
@@ -49,6 +74,7 @@ def export_bundle(
     for name, tensors in (("tables", tables), ("dense", dense)):
         save_file(tensors, out / f"{name}.safetensors", metadata={"format": _FORMAT})
         os.chmod(out / f"{name}.safetensors", 0o644)  # safetensors writes 0600; bundles are shared
+    files = {name: sha256_file(out / name) for name in _TENSOR_FILES}
     manifest = {
         "format": _FORMAT,
         "version": _VERSION,
@@ -64,9 +90,9 @@ def export_bundle(
             "categorical": "missing -> 0; hash h -> 1 + h % (vocabulary_size - 1)",
         },
         **(extra or {}),
+        "files_sha256": files,
     }
-    (out / "config.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return out
+    (out / "config.json").write_text(json.dumps(seal(manifest), indent=2) + "\n")
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -116,19 +142,22 @@ def load_bundle(path: str | os.PathLike) -> ServingModel:
     Raises:
         FileNotFoundError: a bundle file is missing.
         ValueError: the files are not an embcore bundle or do not match each other.
+        IntegrityError (a ValueError): a file does not match the sha256 in ``config.json``
+            (corrupt, truncated, or from another export); the message names the file.
     """
     root = Path(path)
-    for name in ("config.json", "tables.safetensors", "dense.safetensors"):
+    for name in ("config.json", *_TENSOR_FILES):
         if not (root / name).is_file():
             raise FileNotFoundError(
                 f"{root}: not a serving bundle, {name} is missing (write one with embcore export)"
             )
-    manifest = json.loads((root / "config.json").read_text())
+    manifest = _read_manifest(root / "config.json")
     if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION:
         raise ValueError(
             f"{root}/config.json: expected format {_FORMAT!r} version {_VERSION}, got "
             f"{manifest.get('format')!r} version {manifest.get('version')!r}"
         )
+    _check_files(root, manifest)
     config = Config.from_dict(manifest["config"])
     tables = load_file(root / "tables.safetensors")
     if sorted(tables) != sorted(SPARSE_NAMES):
@@ -147,3 +176,27 @@ def load_bundle(path: str | os.PathLike) -> ServingModel:
         )
     model.eval()
     return ServingModel(model, config, manifest)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    raw = read_regular(path, 1 << 26)  # a link or a FIFO is refused, not followed
+    try:
+        document = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise IntegrityError(f"{path} is not valid JSON (corrupt or truncated): {error}") from error
+    if isinstance(document, dict) and document.get("format") != _FORMAT:
+        return document  # not a bundle: the caller says so
+    return check_sealed(document, str(path))
+
+
+def _check_files(root: Path, manifest: dict[str, Any]) -> None:
+    """Each tensor file against its sha256 in ``config.json`` (before safetensors parses it)."""
+    files = manifest.get("files_sha256")
+    if not isinstance(files, dict):
+        raise IntegrityError(f"{root}/config.json lists no checksums of the tensor files")
+    for name in _TENSOR_FILES:
+        if sha256_file(root / name) != files.get(name):
+            raise IntegrityError(
+                f"{root / name} does not match the sha256 in config.json: the file is corrupt, "
+                "truncated or from another export; export the bundle again"
+            )

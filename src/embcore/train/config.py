@@ -16,6 +16,7 @@ so ``--set data.path=day_0.tsv.gz`` works.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import typing
@@ -23,12 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from embcore.errors import UserError, reading
+
 __all__ = [
     "Config",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "check_resources",
     "load_config",
     "parse_override",
 ]
@@ -55,7 +59,7 @@ class _Section:
 
     def _require(self, ok: bool, name: str, expected: str) -> None:
         if not ok:
-            raise ValueError(
+            raise UserError(
                 f"[{self._name}] {name} must be {expected}, got {getattr(self, name)!r}"
             )
 
@@ -66,27 +70,29 @@ def _coerce(where: str, hint: Any, value: Any) -> Any:
     if origin is typing.Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ValueError(f"{where} must be one of {list(choices)}, got {value!r}")
+            raise UserError(f"{where} must be one of {list(choices)}, got {value!r}")
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where} must be a list of ints, got {value!r}")
+            raise UserError(f"{where} must be a list of ints, got {value!r}")
         return tuple(_coerce(where, int, v) for v in value)
     if hint is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false, got {value!r}")
+            raise UserError(f"{where} must be true or false, got {value!r}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where} must be an integer, got {value!r}")
+            raise UserError(f"{where} must be an integer, got {value!r}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where} must be a number, got {value!r}")
+            raise UserError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise UserError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise ValueError(f"{where} must be a string, got {value!r}")
+            raise UserError(f"{where} must be a string, got {value!r}")
         return value
     raise TypeError(f"{where}: unsupported config type {hint!r}")  # a bug in this module
 
@@ -106,6 +112,9 @@ class DataConfig(_Section):
         seed: the synthetic source's seed (its hidden model and every row).
         zipf_a: Zipf exponent of the synthetic ids.
         hot_ids: synthetic ids far above this carry little signal.
+        bad_rows: what a malformed row of a file source does: ``raise`` (stop, naming the file
+            and line) or ``skip`` (count it, report the count at the end and in
+            ``summary.json``).
     """
 
     _name = "data"
@@ -118,6 +127,7 @@ class DataConfig(_Section):
     seed: int = 0
     zipf_a: float = 1.1
     hot_ids: float = 30.0
+    bad_rows: typing.Literal["raise", "skip"] = "raise"
 
     def _check(self) -> None:
         self._require(self.eval_rows >= 0, "eval_rows", "an int >= 0")
@@ -210,11 +220,11 @@ class RunConfig(_Section):
         seed: seeds the model's initial weights.
         threads: PyTorch threads (0: PyTorch's default). One thread for the small matrices
             of this model, the other core prepares the next batches.
-        progress: show a progress bar.
+        progress: show progress (a bar on a terminal, one line at a time otherwise).
         plot: write ``curves.png``.
-        pipeline: the engine's pipelined execution (SPEC 4.5): step N's embedding update
-            lands after step N+1's lookup, so lookups read one-step-stale rows; changes
-            results slightly (see docs/pipelining_and_stats.md).
+        pipeline: the engine's pipelined execution (docs/semantics.md §4.5): step N's
+            embedding update lands after step N+1's lookup, so lookups read one-step-stale
+            rows; changes results slightly (see docs/pipelining_and_stats.md).
     """
 
     _name = "train"
@@ -279,18 +289,20 @@ class Config:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Config:
         """Build from nested dicts; unknown sections or keys raise, naming the valid ones."""
+        if not isinstance(values, dict):
+            raise UserError(f"config: expected a table of sections, got {type(values).__name__}")
         unknown = sorted(set(values) - set(_SECTIONS))
         if unknown:
-            raise ValueError(f"config: unknown sections {unknown}; valid: {list(_SECTIONS)}")
+            raise UserError(f"config: unknown sections {unknown}; valid: {list(_SECTIONS)}")
         sections = {}
         for name, section in _SECTIONS.items():
             given = values.get(name, {})
             if not isinstance(given, dict):
-                raise ValueError(f"config: [{name}] must be a table of keys, got {given!r}")
+                raise UserError(f"config: [{name}] must be a table of keys, got {given!r}")
             keys = [f.name for f in dataclasses.fields(section)]  # type: ignore[arg-type]
             bad = sorted(set(given) - set(keys))
             if bad:
-                raise ValueError(f"config: unknown keys {bad} in [{name}]; valid: {keys}")
+                raise UserError(f"config: unknown keys {bad} in [{name}]; valid: {keys}")
             sections[name] = section(**given)
         return cls(**sections)
 
@@ -300,7 +312,7 @@ class Config:
         for text in overrides:
             section, key, value = parse_override(text)
             if section not in values:
-                raise ValueError(
+                raise UserError(
                     f"--set {text!r}: unknown section {section!r}; valid: {list(_SECTIONS)}"
                 )
             values[section][key] = value
@@ -312,12 +324,60 @@ class Config:
         return [f"{s}.{k}" for s in a for k in a[s] if a[s][k] != b[s][k]]
 
 
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def check_resources(config: Config, memory: int | None = None) -> None:
+    """Refuse sizes that pass the type checks but cannot be allocated on this machine.
+
+    Estimates (from below) the bytes of the tables with their optimizer slots, of one training
+    step's activations and of the held-out rows, and raises naming the keys responsible when
+    one alone exceeds ``memory`` (default: this machine's physical memory).
+    """
+    from embcore.data.batch import NUM_DENSE, NUM_SPARSE, capped_vocab_sizes
+
+    memory = _physical_memory() if memory is None else memory
+    if not memory:
+        return
+    m, d = config.model, config.data
+    slots = {"adagrad": 1.0, "rowwise_adagrad": 1.0 / m.embedding_dim, "sgd": 0.0}
+    rows = sum(capped_vocab_sizes(d.vocab_cap))
+    width = (NUM_SPARSE + 1) * m.embedding_dim
+    dense_params = width * width * (m.dcn_rank == 0) * m.dcn_layers + width * (
+        sum(m.bottom_mlp) + sum(m.top_mlp)
+    )
+    needs = {
+        "the tables ([model] embedding_dim, [data] vocab_cap)": 4.0
+        * rows
+        * m.embedding_dim
+        * (1 + slots[config.optim.embedding_optimizer]),
+        "the dense layers ([model] embedding_dim, bottom_mlp, top_mlp, dcn_rank)": 16.0
+        * dense_params,
+        "one step's activations ([data] batch_size)": 4.0
+        * d.batch_size
+        * (3 * width + NUM_DENSE + 2 * NUM_SPARSE + sum(m.bottom_mlp) + sum(m.top_mlp)),
+        "the held-out rows ([data] eval_rows)": 4.0
+        * d.eval_rows
+        * (NUM_DENSE + 2 * NUM_SPARSE + 1),
+    }
+    for what, need in needs.items():
+        if need > memory:
+            raise UserError(
+                f"config: {what} need at least {need / 2**30:,.1f} GiB, more than this "
+                f"machine's {memory / 2**30:,.1f} GiB of memory; make them smaller"
+            )
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``"train.steps=100"`` -> ``("train", "steps", 100)``; see the module docstring."""
     name, sep, raw = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot or not section or not key:
-        raise ValueError(f"--set {text!r}: expected section.key=value, e.g. --set train.steps=100")
+        raise UserError(f"--set {text!r}: expected section.key=value, e.g. --set train.steps=100")
     try:
         value = tomllib.loads(f"value = {raw.strip()}")["value"]
     except tomllib.TOMLDecodeError:
@@ -327,11 +387,15 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
     """The defaults, updated by a TOML file (if given) and then by ``--set`` overrides."""
-    values: dict[str, Any] = {}
+    config = Config()
     if path is not None:
-        with open(path, "rb") as f:
-            try:
-                values = tomllib.load(f)
-            except tomllib.TOMLDecodeError as e:
-                raise ValueError(f"{os.fspath(path)}: not valid TOML: {e}") from None
-    return Config.from_dict(values).with_overrides(overrides)
+        expected = "a TOML config with [data], [model], [optim], [train] sections"
+        with reading(path, expected), open(path, "rb") as f:
+            values = tomllib.load(f)
+            if not values:
+                raise UserError(
+                    f"{os.fspath(path)}: holds no [data], [model], [optim] or [train] section "
+                    "(leave out --config to use the defaults)"
+                )
+            config = Config.from_dict(values)
+    return config.with_overrides(overrides)

@@ -27,24 +27,31 @@ import torch
 import torch.nn.functional as F
 
 import embcore as ec
+from embcore.errors import UserError, reading
 from embcore.models import DLRM
-from embcore.train.checkpoint import (
+from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
+from embcore.train.metrics import auc, log_loss
+from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.progress import progress
+from embcore.train.report import plot_curves, summary_table
+from embcore.train.run_dir import RunDirectory
+from embcore.train.run_state import (
     checkpoint_path,
     latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     optimizer_from_tensors,
     optimizer_to_tensors,
     prune_checkpoints,
     save_checkpoint,
 )
-from embcore.train.config import RESUMABLE_CHANGES, Config
-from embcore.train.metrics import auc, log_loss
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
-from embcore.train.report import plot_curves, summary_table
 from embcore.train.sources import EvalSet, build_source
 
-__all__ = ["RunState", "TrainResult", "evaluate", "train"]
+__all__ = ["Interrupted", "RunState", "TrainResult", "evaluate", "train"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; the message says where and how to continue."""
+
 
 Echo = Callable[[str], None]
 
@@ -89,6 +96,7 @@ class TrainResult:
         seconds: wall time of this process's training steps (not set-up, evaluation or
             checkpoints); ``samples_per_second`` follows from it.
         checkpoint: the last checkpoint written (``None`` if none).
+        skipped_rows: malformed rows skipped per file (``data.bad_rows = "skip"``).
     """
 
     config: Config
@@ -101,6 +109,7 @@ class TrainResult:
     seconds: float
     samples_per_second: float
     checkpoint: Path | None
+    skipped_rows: dict[str, int] = field(default_factory=dict)
 
 
 def evaluate(model: DLRM, eval_set: EvalSet) -> np.ndarray:
@@ -138,41 +147,54 @@ def _save(
 
 
 def _restore(cfg: Config, model: DLRM, optimizer: torch.optim.Optimizer, path: Path) -> RunState:
-    tensors, meta = load_checkpoint(path)
-    changed = [
-        k for k in cfg.differences(Config.from_dict(meta["config"])) if k not in RESUMABLE_CHANGES
-    ]
+    with reading(path, "an embcore training checkpoint"):
+        tensors, meta = load_checkpoint(path)
+        saved = Config.from_dict(meta["config"])
+    changed = [k for k in cfg.differences(saved) if k not in RESUMABLE_CHANGES]
     if changed:
-        raise ValueError(
+        raise UserError(
             f"--resume: the config differs from checkpoint {path} in {changed}; only "
             f"{list(RESUMABLE_CHANGES)} may change when resuming (or start afresh without "
             "--resume)"
         )
     if meta["step"] > cfg.train.steps:
-        raise ValueError(
+        raise UserError(
             f"--resume: checkpoint {path} is at step {meta['step']}, past train.steps="
             f"{cfg.train.steps}"
         )
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
-    optimizer_from_tensors(optimizer, tensors, meta["optimizer"], "optimizer")
-    torch.set_rng_state(tensors["rng/torch"])
-    fields = {f.name for f in dataclasses.fields(RunState)}
-    return RunState(**{k: v for k, v in meta.items() if k in fields})
+    with reading(path, "a checkpoint of this run's model"):
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
+        optimizer_from_tensors(optimizer, tensors, meta["optimizer"], "optimizer")
+        torch.set_rng_state(tensors["rng/torch"])
+        fields = {f.name for f in dataclasses.fields(RunState)}
+        return RunState(**{k: v for k, v in meta.items() if k in fields})
 
 
 # ---------------------------------------------------------------------------- the run
 def train(
-    config: Config, *, resume: bool = False, stop_at: int | None = None, echo: Echo = print
+    config: Config,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_at: int | None = None,
+    echo: Echo = print,
 ) -> TrainResult:
     """Run the job of ``config`` (see the module docstring).
 
     Args:
         config: the whole job.
-        resume: continue from the latest checkpoint in ``out_dir/checkpoints`` (if any);
-            otherwise earlier checkpoints there are deleted and the run starts at step 0.
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints`` (if any).
+        overwrite: replace an earlier run in ``out_dir``; its checkpoints are deleted only
+            once this run has written its first one (see :mod:`embcore.train.run_dir`).
         stop_at: stop after this step as if killed (its checkpoint, if one is due, is written);
             for tests and for splitting a run in parts.
         echo: where messages go.
+
+    Raises:
+        UserError: ``out_dir`` holds an earlier run and neither ``resume`` nor ``overwrite``
+            is given; a data file or the checkpoint to resume from is unusable; a config value
+            cannot work on this machine.
+        Interrupted: Ctrl-C; its message says how to continue.
     """
     threads = torch.get_num_threads()
     if config.train.threads:
@@ -182,13 +204,21 @@ def train(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.train.seed)
-            return _train(config, resume, stop_at, echo)
+            return _train(
+                config,
+                RunDirectory(config.train.out_dir, resume=resume, overwrite=overwrite),
+                stop_at,
+                echo,
+            )
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainResult:
+def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) -> TrainResult:
+    run_dir.check()
+    check_resources(cfg)
     source = build_source(cfg.data)
+    eval_set = source.eval_set()  # read (and checked) before anything is written
     model = build_model(
         cfg.model,
         source.vocab_sizes,
@@ -197,22 +227,13 @@ def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainR
         engine_options={"pipeline": cfg.train.pipeline},
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
-    ckpt_dir = Path(cfg.train.out_dir) / "checkpoints"
-    found = latest_checkpoint(ckpt_dir)
-    if resume and found is not None:
+    found = run_dir.open(echo)
+    state = RunState()
+    if found is not None:
         state = _restore(cfg, model, optimizer, found)
         echo(f"resuming from {found} (step {state.step:,})")
-    else:
-        state = RunState()
-        if resume:
-            echo(f"--resume: no checkpoint in {ckpt_dir}, starting at step 0")
-        elif found is not None:
-            echo(f"starting afresh: removing the earlier checkpoints in {ckpt_dir}")
-        for _, old in list_checkpoints(ckpt_dir):
-            old.unlink()
     resumed_from = state.step
 
-    eval_set = source.eval_set()
     labels = eval_set.labels
     echo(f"data: {source.describe()}; {eval_set.rows:,} held-out rows")
     echo(
@@ -233,9 +254,9 @@ def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainR
     prefetch = ec.Prefetcher(
         model.engine, batches, split=lambda b: ((b.dense, b.labels), model.features(b.sparse))
     )
-    bar = _progress_bar(cfg, state.step)
+    bar = progress(cfg.train.progress, cfg.train.steps, state.step, cfg.data.batch_size, echo=echo)
     log = bar.write if bar is not None else echo
-    checkpoint = found if resume else None
+    checkpoint = found
     seconds, samples, tick = 0.0, 0, time.perf_counter()
     model.train()
     try:
@@ -248,10 +269,9 @@ def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainR
             loss.backward()  # also applies the engine's optimizer to the looked-up rows
             optimizer.step()
             samples += y.shape[0]
-            if state.add_loss(loss.detach().item(), cfg.train.log_every) and bar is not None:
-                bar.set_postfix_str(f"loss {state.history['loss'][-1][1]:.4f}", refresh=False)
+            closed = state.add_loss(loss.detach().item(), cfg.train.log_every)
             if bar is not None:
-                bar.update(y.shape[0])
+                bar.update(y.shape[0], state.history["loss"][-1][1] if closed else None)
             done = state.step == cfg.train.steps
             if state.step % cfg.train.eval_every == 0 or done:
                 seconds += time.perf_counter() - tick
@@ -265,12 +285,24 @@ def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainR
             if state.step % cfg.train.checkpoint_every == 0 or done:
                 seconds += time.perf_counter() - tick
                 checkpoint = _save(cfg, model, optimizer, state, best)
+                run_dir.published()
                 tick = time.perf_counter()
         seconds += time.perf_counter() - tick
+    except KeyboardInterrupt:
+        # What is on disk, not what this loop last heard of: Ctrl-C may land inside a save,
+        # after its checkpoint was published.
+        newest = latest_checkpoint(run_dir.checkpoints)
+        raise Interrupted(_interrupted(state.step, newest)) from None
     finally:
         prefetch.close()
         if bar is not None:
             bar.close()
+    skipped = source.skipped_rows()
+    if any(skipped.values()):
+        echo(
+            f'skipped {sum(skipped.values()):,} malformed row(s) (data.bad_rows = "skip"): '
+            + ", ".join(f"{n:,} in {path}" for path, n in skipped.items() if n)
+        )
 
     model.eval()
     last_eval = state.history["eval"][-1] if state.history["eval"] else {}
@@ -285,26 +317,22 @@ def _train(cfg: Config, resume: bool, stop_at: int | None, echo: Echo) -> TrainR
         seconds=seconds,
         samples_per_second=samples / seconds if seconds > 0 else 0.0,
         checkpoint=checkpoint,
+        skipped_rows=skipped,
     )
     if state.step == cfg.train.steps:
         _write_outputs(result, echo)
     return result
 
 
-def _progress_bar(cfg: Config, step: int) -> Any:
-    """A tqdm bar counting samples (so its rate reads samples/s), or ``None``."""
-    if not cfg.train.progress:
-        return None
-    from tqdm.auto import tqdm
-
-    b = cfg.data.batch_size
-    return tqdm(
-        total=cfg.train.steps * b,
-        initial=step * b,
-        unit=" samples",
-        unit_scale=True,
-        dynamic_ncols=True,
-        desc="train",
+def _interrupted(step: int, checkpoint: Path | None) -> str:
+    if checkpoint is None:
+        return (
+            f"interrupted at step {step:,}, before the first checkpoint: nothing to resume; "
+            "run the same command again to start over"
+        )
+    return (
+        f"interrupted at step {step:,}; the newest checkpoint is {checkpoint}: add --resume "
+        "to the same command to continue from it"
     )
 
 
@@ -320,6 +348,7 @@ def _write_outputs(result: TrainResult, echo: Echo) -> None:
         "samples_per_second": result.samples_per_second,
         "resumed_from": result.resumed_from,
         "checkpoint": str(result.checkpoint),
+        "skipped_rows": result.skipped_rows,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "history.json").write_text(json.dumps(result.history, indent=2) + "\n")

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embcore.data.bad_rows import BadRows
 from embcore.data.batch import Batch, capped_vocab_sizes, rebatch
 from embcore.data.criteo_tsv import open_text, read_criteo_tsv
 from embcore.data.parquet import read_criteo_parquet
 from embcore.data.synthetic import SyntheticCriteo
+from embcore.errors import UserError, reading
 from embcore.train.config import DataConfig
 
 __all__ = ["EvalSet", "FileSource", "Source", "SyntheticSource", "build_source"]
@@ -62,6 +64,10 @@ class Source(abc.ABC):
     def describe(self) -> str:
         """One line for the run's log."""
 
+    def skipped_rows(self) -> dict[str, int]:
+        """Malformed rows skipped so far per file (``data.bad_rows = "skip"``)."""
+        return {}
+
 
 class SyntheticSource(Source):
     def __init__(self, cfg: DataConfig) -> None:
@@ -91,38 +97,51 @@ Reader = Callable[..., Iterator[Batch]]
 
 
 def _count_tsv_rows(path: str) -> int:
-    with open_text(path) as f:
+    with reading(path, "a Criteo TSV file, plain or gzip"), open_text(path) as f:
         return sum(1 for line in f if line.strip())
 
 
 def _count_parquet_rows(path: str) -> int:
     import pyarrow.parquet as pq  # the reader already checked that pyarrow imports
 
-    return int(pq.ParquetFile(path).metadata.num_rows)
+    with reading(path, "a Parquet file"):
+        return int(pq.ParquetFile(path).metadata.num_rows)
 
 
 class FileSource(Source):
     def __init__(self, cfg: DataConfig, reader: Reader, count_rows: Callable[[str], int]) -> None:
         for name in ("path", "eval_path"):
-            if not os.path.exists(getattr(cfg, name)):
-                raise FileNotFoundError(f"[data] {name}: no such file {getattr(cfg, name)!r}")
+            where = getattr(cfg, name)
+            if not os.path.exists(where):
+                raise FileNotFoundError(f"[data] {name}: no such file {where!r}")
+            if not os.path.isfile(where):
+                raise UserError(f"[data] {name}: {where!r} is not a file (a directory?)")
         self.cfg = cfg
         self.reader = reader
         self.count_rows = count_rows
         self.vocab_sizes = capped_vocab_sizes(cfg.vocab_cap)
+        skip = cfg.bad_rows == "skip"
+        self.bad = {cfg.path: BadRows(skip), cfg.eval_path: BadRows(skip)}
+
+    def skipped_rows(self) -> dict[str, int]:
+        return {path: bad.count for path, bad in self.bad.items()}
 
     def _read(self, path: str, skip_rows: int = 0) -> Iterator[Batch]:
         return self.reader(
-            path, batch_size=self.cfg.batch_size, vocab_sizes=self.vocab_sizes, skip_rows=skip_rows
+            path,
+            batch_size=self.cfg.batch_size,
+            vocab_sizes=self.vocab_sizes,
+            skip_rows=skip_rows,
+            bad_rows=self.bad[path],
         )
 
     def train_batches(self, start_step: int) -> Iterator[Batch]:
         def epochs() -> Iterator[Batch]:
             skip = start_step * self.cfg.batch_size
             if skip:  # only a resumed run needs the file's length, to wrap around
-                total = self.count_rows(self.cfg.path)
+                total = self._count(self.cfg.path)
                 if total == 0:
-                    raise ValueError(f"[data] path: {self.cfg.path!r} has no rows")
+                    raise UserError(f"[data] path: {self.cfg.path}: has no rows")
                 skip %= total
             while True:
                 rows = 0
@@ -130,7 +149,7 @@ class FileSource(Source):
                     rows += batch.size
                     yield batch
                 if rows == 0 and skip == 0:
-                    raise ValueError(f"[data] path: {self.cfg.path!r} has no rows")
+                    raise UserError(f"[data] path: {self.cfg.path}: has no well-formed rows")
                 skip = 0
 
         return rebatch(epochs(), self.cfg.batch_size)
@@ -145,8 +164,14 @@ class FileSource(Source):
             if self.cfg.eval_rows and rows >= self.cfg.eval_rows:
                 break
         if not rows:
-            raise ValueError(f"[data] eval_path: {self.cfg.eval_path!r} has no rows")
+            raise UserError(f"[data] eval_path: {self.cfg.eval_path}: has no well-formed rows")
         return EvalSet(batches, None)
+
+    def _count(self, path: str) -> int:
+        """Rows of ``path`` that batches hold (only well-formed ones when skipping)."""
+        if not self.bad[path].skip:
+            return self.count_rows(path)
+        return sum(batch.size for batch in self._read(path))
 
     def describe(self) -> str:
         return f"{self.cfg.source} file {self.cfg.path} (held out: {self.cfg.eval_path})"

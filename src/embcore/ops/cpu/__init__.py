@@ -12,8 +12,9 @@ unique rows, split across threads, applies gradient clip, weight decay, the opti
 Results match :mod:`embcore.ops.reference` to float32 rounding (the same sums in the same
 order), and rows no id touched are never written. Tensors must be float32 / int64 on the CPU
 (made contiguous here if needed); anything else raises ``NotImplementedError`` naming the
-tensor. Kernels are compiled once and cached on disk (``cache=True``) and use
-``torch.get_num_threads()`` threads. See docs/cpu_backend.md.
+tensor. Kernels are compiled once and cached on disk (``cache=True``, in a directory keyed by
+the contents of this package's sources: :mod:`._cache`) and use ``torch.get_num_threads()``
+threads. See docs/cpu_backend.md.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ from torch import Tensor
 
 from embcore.inputs import FeatureBatch
 from embcore.ops import reference
-from embcore.ops.cpu import dedup, finite, gather, threads
-from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_table, table_table
-from embcore.ops.cpu.rules import RULES
-from embcore.ops.cpu.rules._rows import common_row, float32_rows
+from embcore.ops.cpu._cache import kernel_cache_dir, kernels_cached_in
 from embcore.ops.state import TableState, check_updatable
+
+# Every kernel module is first imported here, so every kernel caches its compiled code in a
+# directory keyed by the contents of all of this package's sources (see _cache.py).
+with kernels_cached_in(kernel_cache_dir()):
+    from embcore.ops.cpu import dedup, finite, gather, threads
+    from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_table, table_table
+    from embcore.ops.cpu.rules import RULES
+    from embcore.ops.cpu.rules._rows import common_row, float32_rows
 
 __all__ = ["lookup", "non_finite", "update"]
 

@@ -1,0 +1,236 @@
+"""``embcore.checkpoint.load`` and ``verify``: check everything, then change the engine.
+
+Before a tensor is read into the engine, every rank checks the manifest, DCP's metadata (its
+sha256, then its chunk list against the manifest's, every file name confined to the
+checkpoint directory) and whether the checkpoint fits the engine; then the ranks share the
+sha256 verification of every stored chunk. Only then does DCP read. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata
+
+from embcore._fingerprint import fingerprint64
+from embcore.checkpoint import _manifest
+from embcore.checkpoint._dcp import (
+    Chunked,
+    LoadPlanner,
+    VerifiedReader,
+    dcp_args,
+    dcp_errors,
+    no_dist_ok,
+)
+from embcore.checkpoint._digest import read_dcp_metadata, sha256_chunk
+from embcore.checkpoint._engine_view import EngineView, StoredTensor, table_of
+from embcore.checkpoint._errors import CheckpointError
+from embcore.checkpoint._manifest import Chunk
+
+if TYPE_CHECKING:  # annotations only: engines are seen through _engine_view
+    from embcore.engine import EmbeddingEngine
+
+__all__ = ["load", "read_manifest", "verify"]
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (JSON values; nothing verified but its
+    format): format version, step, tables, features, optimizer hyperparameters, sharding
+    plan and the checksum of every stored chunk."""
+    manifest, _ = _manifest.read(os.path.normpath(os.fspath(path)))
+    return manifest
+
+
+def _open(path: str) -> tuple[dict[str, Any], bytes, Metadata, list[Chunk]]:
+    """Manifest, its bytes, verified DCP metadata and the chunk list of a checkpoint."""
+    manifest, raw = _manifest.read(path)
+    try:
+        metadata = read_dcp_metadata(path, _manifest.DCP_METADATA, manifest["dcp_metadata_sha256"])
+        chunks = _manifest.check_matches(path, manifest, metadata)
+    except (KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{path}: the manifest is malformed ({error!r})") from error
+    return manifest, raw, metadata, chunks
+
+
+def _verify_chunks(
+    path: str, manifest: dict[str, Any], chunks: list[Chunk], rank: int, world: int
+) -> dict[int, str]:
+    """``{chunk index: what was found}`` for the chunks of this rank's share (every
+    ``world``-th) whose bytes do not match the manifest's sha256."""
+    bad = {}
+    for i in range(rank, len(chunks), world):
+        c = chunks[i]
+        try:
+            found = sha256_chunk(path, c.file, c.offset, c.length)
+        except (OSError, ValueError) as error:
+            bad[i] = f"unreadable ({error})"
+            continue
+        if found != _manifest.expected_digest(manifest, c):
+            bad[i] = found
+    return bad
+
+
+def _corrupt(
+    path: str, manifest: dict[str, Any], chunks: list[Chunk], bad: list[int], found: dict[int, str]
+) -> CheckpointError:
+    lines = [
+        f"table '{table_of(chunks[i].key)}': {chunks[i].describe()}: sha256 expected "
+        f"{_manifest.expected_digest(manifest, chunks[i])}, found "
+        f"{found.get(i, 'a mismatch on another rank')}"
+        for i in bad
+    ]
+    return CheckpointError(
+        f"embcore.checkpoint: {path} is corrupt, nothing was loaded: " + "; ".join(lines)
+    )
+
+
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check a checkpoint completely in this process (manifest, DCP metadata, the sha256 of
+    every chunk) and return its manifest.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        CheckpointError: incomplete, corrupt or unsafe; the message names each table concerned.
+    """
+    path = os.path.normpath(os.fspath(path))
+    manifest, _, _, chunks = _open(path)
+    found = _verify_chunks(path, manifest, chunks, 0, 1)
+    if found:
+        raise _corrupt(path, manifest, chunks, sorted(found), found)
+    return manifest
+
+
+def _changed_optimizers(
+    view: EngineView, tensors: list[StoredTensor], manifest: dict[str, Any]
+) -> dict[str, tuple[str, str]]:
+    """``{table: (checkpoint's optimizer, engine's)}`` where slots would be restored from a
+    checkpoint of another optimizer type."""
+    written = {t["name"]: (t.get("optimizer") or {}).get("type") for t in manifest["tables"]}
+    mine = view.optimizer_types()
+    slotted = {t.table for t in tensors if t.is_slot}
+    return {
+        table: (str(written[table] or "no optimizer"), str(mine[table]))
+        for table in sorted(slotted)
+        if table in written and written[table] != mine[table]
+    }
+
+
+def _fit_problems(
+    tensors: list[StoredTensor],
+    manifest: dict[str, Any],
+    changed: dict[str, tuple[str, str]],
+) -> list[str]:
+    """Why the checkpoint cannot fill these tensors, one entry per table (empty: it can)."""
+    stored = manifest["tensors"]
+    written = {t["name"] for t in manifest["tables"]}
+    missing: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for t in tensors:
+        if t.key not in stored:
+            missing.setdefault(t.table, []).append(t.key)
+        elif tuple(stored[t.key]["shape"]) != t.shape:
+            problems.append(
+                f"table '{t.table}': '{t.key}' has shape {tuple(stored[t.key]['shape'])}, the "
+                f"engine expects {t.shape}"
+            )
+        elif stored[t.key]["dtype"] != t.dtype:
+            problems.append(
+                f"table '{t.table}': '{t.key}' is {stored[t.key]['dtype']}, the engine expects "
+                f"{t.dtype}"
+            )
+    for table, keys in missing.items():
+        if table not in written:
+            problems.append(f"table '{table}' is not in the checkpoint (it has {sorted(written)})")
+            continue
+        theirs, mine = changed.get(table, (None, None))
+        why = f" (the checkpoint's optimizer is {theirs}, the engine's {mine})" if theirs else ""
+        problems.append(f"table '{table}': {', '.join(repr(k) for k in keys)} missing{why}")
+    for table, (theirs, mine) in changed.items():
+        if table not in missing:
+            problems.append(
+                f"table '{table}': the checkpoint's optimizer is {theirs}, the engine's {mine}; "
+                "its slots would be restored into another optimizer's (pass "
+                "allow_optimizer_change=True to load the weights only and keep the engine's "
+                "slots)"
+            )
+    return problems
+
+
+def _value(shape: tuple[int, ...], chunks: list[Any]) -> Any:
+    """What DCP fills: a whole tensor held as one chunk stays a plain tensor (filled in
+    place)."""
+    if len(chunks) == 1:
+        offsets, tensor = chunks[0]
+        if not any(offsets) and tuple(tensor.shape) == shape:
+            return tensor
+    return Chunked(shape, chunks)
+
+
+def load(
+    engine: EmbeddingEngine, path: str | os.PathLike[str], *, allow_optimizer_change: bool = False
+) -> None:
+    """Restore an engine from a checkpoint written by ``save``, whatever the number of ranks
+    and the sharding plan it was written with. A collective, like ``save``.
+
+    Before anything changes, every rank checks the manifest and DCP's metadata, and the ranks
+    share the verification of every chunk's sha256. Tensors the engine does not have (slots,
+    when it has no optimizer) are ignored.
+
+    Args:
+        engine: the engine to fill.
+        path: the checkpoint directory.
+        allow_optimizer_change: load a checkpoint written with another optimizer type for a
+            table: that table's weights (and the step) are restored, its slots are left as the
+            engine has them (freshly initialised, for a new engine). Without it such a load
+            is refused, since one optimizer's slots are meaningless to another.
+
+    Raises:
+        FileNotFoundError: nothing at ``path`` (an interrupted save leaves ``path.tmp-*``).
+        CheckpointError (a ValueError): the checkpoint is incomplete, corrupt or unsafe, or
+            lacks one of the engine's tensors or holds it with another shape (a different
+            vocabulary size, dim or optimizer), or was written with another optimizer type
+            for a table; the message names the table, expected and found. Nothing is loaded.
+    """
+    view = EngineView(engine, "load")
+    path = os.path.normpath(os.fspath(path))
+    view.flush()
+    comm = view.comm
+    what = "embcore.checkpoint.load"
+    error: BaseException | None = None
+    fingerprint = 0
+    tensors = view.tensors()
+    try:
+        manifest, raw, metadata, chunks = _open(path)
+        fingerprint = fingerprint64(raw)
+        changed = _changed_optimizers(view, tensors, manifest)
+        if allow_optimizer_change:
+            tensors = [t for t in tensors if not (t.is_slot and t.table in changed)]
+            changed = {}
+        problems = _fit_problems(tensors, manifest, changed)
+        if problems:
+            raise CheckpointError(f"{what}: {path} does not fit this engine: {'; '.join(problems)}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if isinstance(e, (KeyError, TypeError)):
+            e = CheckpointError(f"{path}: the manifest is malformed ({e!r})")
+        error = e
+    comm.agree(what, error)
+    comm.check_same(what, fingerprint, f"read another manifest at {path!r}")
+
+    found = _verify_chunks(path, manifest, chunks, comm.rank, comm.world)
+    flags = comm.agree(what, None, [int(i in found) for i in range(len(chunks))])
+    bad = [i for i in range(len(chunks)) if any(f[i] for f in flags)]
+    if bad:
+        raise _corrupt(path, manifest, chunks, bad, found)
+
+    reader = VerifiedReader(path, metadata)
+    args = dcp_args(comm)
+    staged = [(t, t.load_chunks()) for t in tensors]
+    state = {t.key: _value(t.shape, chunks) for t, chunks in staged}
+    with torch.no_grad(), no_dist_ok(args), dcp_errors(comm, "load", path):
+        dcp.load(state, storage_reader=reader, planner=LoadPlanner(), **args)
+        for t, chunks in staged:
+            t.finish_load(chunks)
+    view.finish_load([t.key for t in tensors])

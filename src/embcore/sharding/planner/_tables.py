@@ -1,0 +1,79 @@
+"""The planner's view of the tables: sizes and expected ids per step, from the feature config
+and, when given, lookup statistics. See ``docs/sharding.md`` ("Plans")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from embcore.config import ResolvedFeature, ResolvedTable, resolve
+from embcore.optimizers.base import Optimizer
+from embcore.sharding.schemes import PlannedTable
+from embcore.sharding.schemes._cost import F32_BYTES
+
+__all__ = ["Resolved", "planned_tables", "resolved"]
+
+#: ``(features, tables)`` as :func:`embcore.config.resolve` returns them.
+Resolved = tuple[list[ResolvedFeature], list[ResolvedTable]]
+
+
+def resolved(feature_config: Any, optimizer: Optimizer | None) -> Resolved:
+    """``feature_config`` resolved, unless it already is a ``(features, tables)`` pair from
+    :func:`embcore.config.resolve` (whose tables carry their optimizers)."""
+    if (
+        isinstance(feature_config, tuple)
+        and len(feature_config) == 2
+        and all(isinstance(part, list) for part in feature_config)
+        and feature_config[0]
+        and all(isinstance(f, ResolvedFeature) for f in feature_config[0])
+        and all(isinstance(t, ResolvedTable) for t in feature_config[1])
+    ):
+        return feature_config
+    return resolve(feature_config, optimizer)
+
+
+def planned_tables(
+    config: Resolved, batch_size: int, stats: Mapping[str, Any] | None
+) -> list[PlannedTable]:
+    """Every table as the cost model sees it, in table order."""
+    features, tables = config
+    out = []
+    for t in tables:
+        specs = t.optimizer.slot_specs() if t.optimizer else ()
+        lengths = [features[i].config.max_sequence_length or 1 for i in t.features]
+        samples = batch_size * sum(lengths)
+        ids_per_example, unique_ratio = float(sum(lengths)), 1.0
+        if stats is not None and t.name in stats:
+            ids_per_example, unique_ratio = _stat(stats[t.name], t.name)
+        ids = batch_size * ids_per_example
+        out.append(
+            PlannedTable(
+                name=t.name,
+                vocab=t.vocabulary_size,
+                dim=t.dim,
+                col_bytes=F32_BYTES * (1 + sum(not s.rowwise for s in specs)),
+                row_bytes=F32_BYTES * sum(s.rowwise for s in specs),
+                samples=float(samples),
+                ids=ids,
+                unique=min(float(t.vocabulary_size), ids * unique_ratio),
+                element_wise=not any(s.rowwise for s in specs),
+            )
+        )
+    return out
+
+
+def _stat(value: Any, name: str) -> tuple[float, float]:
+    """``(ids per example, unique fraction)`` from an ``embcore.stats.TableStats`` or a dict."""
+    if isinstance(value, Mapping):
+        ipe, uniq = value.get("ids_per_example"), value.get("unique_ratio", 1.0)
+    else:
+        ipe, uniq = (
+            getattr(value, "mean_ids_per_example", None),
+            getattr(value, "unique_ratio", 1.0),
+        )
+    if not isinstance(ipe, (int, float)) or ipe < 0 or not 0 <= uniq <= 1:
+        raise ValueError(
+            f"plan: statistics of table '{name}' need ids_per_example >= 0 and unique_ratio in "
+            f"[0, 1], got {ipe!r} and {uniq!r}"
+        )
+    return float(ipe), float(uniq)

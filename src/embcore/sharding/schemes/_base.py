@@ -1,0 +1,274 @@
+"""The interface of a sharding scheme: its plan-format rules, its cost, and its step protocol.
+
+A scheme owns everything about one way of placing a table: which :class:`TableShard` fields it
+takes and how they are checked, the placements the planner may try and the overrides it
+parses, its memory and traffic estimate, which ranks serve a lookup, and, at run time, one
+table's pieces on this rank and its part of each step (``input_dist -> lookup -> output_dist``
+forward, ``grad_dist -> update`` backward). Design and the per-scheme tables:
+``docs/sharding.md``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from embcore import ops
+from embcore.config import ResolvedTable
+from embcore.inputs import FeatureBatch
+from embcore.sharding._wire import F32
+from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
+from embcore.sharding.schemes._cost import Cost, PlannedTable
+from embcore.sharding.schemes._piece import Piece, initial_piece
+
+__all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "served_by"]
+
+#: A placement in the plan format's dict form (``TableShard.to_dict()``), as the planning
+#: methods return it: the planner turns it into a ``TableShard``.
+ShardDict = dict[str, Any]
+
+
+class Shard(Protocol):
+    """What a scheme reads of a placement: a :class:`~embcore.sharding.plan.TableShard`
+    (declared here so that the schemes do not depend on the plan format built on them)."""
+
+    @property
+    def scheme(self) -> str: ...
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+    @property
+    def partition_strategy(self) -> str | None: ...
+    @property
+    def column_sizes(self) -> tuple[int, ...] | None: ...
+    def column_bounds(self, dim: int) -> list[tuple[int, int]]: ...
+
+
+@dataclass(frozen=True)
+class ShardEnv:
+    """Where the schemes run: the process group, the device, the seed and the backend."""
+
+    comm: Comm
+    device: torch.device
+    seed: int
+    backend: str
+    storage_dtype: torch.dtype = F32  # of the weights; slots are float32
+    stochastic_rounding: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class UpdateJob:
+    """One table shard's share of the step's single ``ops.update`` call."""
+
+    state: ops.TableState
+    features: list[FeatureBatch]
+    grads: list[Tensor]
+    lr_table: int  # index of the table, whose learning rate applies
+
+
+def served_by(ranks: list[int], world_size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A load function where each of ``ranks`` serves every id looked up."""
+    owners = np.asarray(ranks, dtype=np.int64)
+
+    def load(ids: np.ndarray) -> np.ndarray:
+        out = np.zeros(world_size, dtype=np.int64)
+        out[owners] = ids.size
+        return out
+
+    return load
+
+
+class Scheme(ABC):
+    """One way of placing a table; an instance is one table's pieces on this rank.
+
+    Subclasses set :attr:`scheme` and :attr:`shard_fields`, define :meth:`piece` (who holds
+    what), the step protocol, and the planning class methods :meth:`candidates`,
+    :meth:`parse_override`, :meth:`cost` and :meth:`lookup_load`. ``ctx`` is the scheme's own
+    record of one forward (from :meth:`input_dist`) or one backward (from :meth:`grad_dist`),
+    handed to the later phases of the same pass.
+    """
+
+    #: The scheme's name in plans (``TableShard.scheme``).
+    scheme: ClassVar[str]
+    #: The optional :class:`TableShard` fields it takes (others must be ``None``).
+    shard_fields: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------ the plan format
+    @classmethod  # noqa: B027
+    def check_shard(cls, owner: str, shard: Shard) -> None:
+        """Raise ``ValueError`` (prefixed by ``owner``) unless ``shard``'s ranks and fields
+        suit this scheme. ``ranks`` are already distinct ints."""
+
+    @classmethod  # noqa: B027
+    def check_in_plan(cls, table: str, shard: Shard, world_size: int) -> None:
+        """Raise ``ValueError`` unless ``shard`` may place ``table`` in a plan for
+        ``world_size`` ranks (its ranks are already inside the world)."""
+
+    @classmethod  # noqa: B027
+    def check_table(cls, shard: Shard, table: ResolvedTable) -> None:
+        """Raise ``ValueError`` unless ``shard`` suits the table (dim, optimizer)."""
+
+    @classmethod
+    @abstractmethod
+    def describe(cls, shard: Shard) -> str:
+        """Short human form of a placement: ``row_wise(div) on 0,1``."""
+
+    # ------------------------------------------------------------------ planning
+    @classmethod
+    @abstractmethod
+    def candidates(cls, t: PlannedTable, world: int, min_column_width: int) -> list[ShardDict]:
+        """The placements of this scheme the planner tries for ``t`` on ``world`` ranks."""
+
+    @classmethod
+    @abstractmethod
+    def parse_override(cls, arg: str, t: PlannedTable, world: int) -> list[ShardDict] | None:
+        """The placements an override ``"<scheme>:<arg>"`` allows (``arg`` may be empty), or
+        ``None`` if this scheme does not take ``arg``."""
+
+    @classmethod
+    @abstractmethod
+    def cost(cls, t: PlannedTable, shard: Shard, world: int) -> Cost:
+        """Per-rank memory and per-step traffic of ``t`` placed by ``shard``, following the
+        scheme's protocol."""
+
+    @classmethod
+    @abstractmethod
+    def lookup_load(
+        cls, shard: Shard, vocabulary_size: int, world_size: int, rank: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """The load function of one table on rank ``rank``: ``ids (N,) int64 -> (world_size,)
+        int64`` id occurrences each rank serves when ``rank`` looks up ``ids`` (what the
+        lookup statistics record as ``shard_load``)."""
+
+    # ------------------------------------------------------------------- runtime
+    def __init__(self, table: ResolvedTable, shard: Shard, env: ShardEnv) -> None:
+        self.table = table
+        self.shard = shard
+        self.env = env
+        self.comm = env.comm
+        self.rank, self.world = env.comm.rank, env.comm.world
+        self.features = list(table.features)
+        mine = self.piece(self.rank)
+        self.state: ops.TableState | None = None
+        if mine is not None:
+            weight, slots = initial_piece(table, env.seed, mine, env.device)
+            weight, sr = weight.to(env.storage_dtype), env.stochastic_rounding
+            self.state = ops.TableState(table.name, weight, slots, table.optimizer, sr)
+
+    # ------------------------------------------------------------------- placement
+    @abstractmethod
+    def piece(self, rank: int) -> Piece | None:
+        """What ``rank`` holds of the logical table (``None``: nothing)."""
+
+    def tensor_names(self) -> list[str]:
+        """``weight`` and the optimizer's slots, in checkpoint order."""
+        opt = self.table.optimizer
+        return ["weight"] + ([s.name for s in opt.slot_specs()] if opt else [])
+
+    def logical_shape(self, name: str) -> tuple[int, ...]:
+        v, d = self.table.vocabulary_size, self.table.dim
+        if name == "weight" or self.table.optimizer is None:
+            return (v, d)
+        spec = {s.name: s for s in self.table.optimizer.slot_specs()}[name]
+        return spec.shape(v, d)
+
+    def local(self, name: str) -> Tensor | None:
+        """This rank's piece of ``weight`` or a slot (``None`` if it holds nothing)."""
+        if self.state is None:
+            return None
+        return self.state.weight if name == "weight" else self.state.slots[name]
+
+    # ------------------------------------------------------------------ the step
+    def input_dist(self, batches: list[FeatureBatch], ex: Exchange) -> Any:
+        """Send this rank's ids to the owners; return the step's ``ctx``."""
+        return None
+
+    def lookup(self, inbox: Inbox, ex: Exchange, ctx: Any) -> None:  # noqa: B027
+        """Owners: look up what every rank asked for and send the results back."""
+
+    @abstractmethod
+    def output_dist(self, inbox: Inbox, ctx: Any) -> list[Tensor]:
+        """One ``(S_f, dim)`` activation per feature of this table, for this rank's batch."""
+
+    @abstractmethod
+    def grad_dist(
+        self, batches: list[FeatureBatch], grads: list[Tensor], ex: Exchange, reducer: Reducer
+    ) -> Any:
+        """Send this rank's gradients to the owners; return the backward's ``ctx``.
+
+        The forward leaves nothing behind: the backward gets the batches again, so a lookup
+        never has to be paired with an update (inference, pipelining, several forwards).
+        """
+
+    @abstractmethod
+    def update(self, inbox: Inbox, reduced: list[Tensor], ctx: Any) -> UpdateJob | None:
+        """Owners: the per-row sums of every rank's contributions, as one ``ops.update`` job.
+
+        ``reduced`` holds the all-reduced tensors handed to the reducer in :meth:`grad_dist`.
+        """
+
+    def job(self, features: list[FeatureBatch], grads: list[Tensor]) -> UpdateJob:
+        assert self.state is not None
+        return UpdateJob(self.state, features, grads, self.table.index)
+
+    # ------------------------------------------------------------- whole tensors
+    def gather_send(self, name: str, ex: Exchange) -> None:
+        """Gathering the full logical tensor (a collective): this rank's piece to every rank."""
+        mine = self.local(name)
+        if mine is not None:
+            for dest in range(self.world):
+                if dest != self.rank:
+                    ex.send(dest, mine)
+
+    def gather_take(self, name: str, inbox: Inbox) -> Tensor:
+        """Gathering, second half: every rank's piece put in place, the full tensor."""
+        mine = self.local(name)
+        dtype = self.env.storage_dtype if name == "weight" else F32
+        full = torch.empty(self.logical_shape(name), dtype=dtype, device=self.env.device)
+        for src in range(self.world):
+            piece = self.piece(src)
+            if piece is None:
+                continue
+            lo, hi = piece.cols
+            rows = piece.rows.to(full.device)
+            if full.dim() == 1:
+                part = mine if src == self.rank else inbox.take(src, dtype)
+                full[rows] = part.reshape(-1)
+            else:
+                part = mine if src == self.rank else inbox.take(src, dtype, hi - lo)
+                full[rows, lo:hi] = part
+        return full
+
+    def load_full(self, name: str, full: Tensor) -> None:
+        """Copy this rank's piece out of a full logical tensor (no communication)."""
+        mine, piece = self.local(name), self.piece(self.rank)
+        if mine is None or piece is None:
+            return
+        rows = piece.rows.to(full.device)
+        part = full[rows] if full.dim() == 1 else full[rows, piece.cols[0] : piece.cols[1]]
+        mine.copy_(part)
+
+    def save_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
+        """``(offsets, tensor)`` boxes of the logical tensor this rank writes to a checkpoint.
+
+        Together, the ranks' chunks cover the tensor exactly once. May communicate.
+        """
+        mine, piece = self.local(name), self.piece(self.rank)
+        if mine is None or piece is None or mine.numel() == 0:
+            return []
+        assert piece.row_start is not None
+        offsets = (piece.row_start,) if mine.dim() == 1 else (piece.row_start, piece.cols[0])
+        return [(offsets, mine)]
+
+    def load_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
+        """``(offsets, tensor)`` boxes a checkpoint load fills on this rank, then
+        :meth:`finish_load` moves them into place (may communicate)."""
+        return self.save_chunks(name)
+
+    def finish_load(self, name: str, chunks: list[tuple[tuple[int, ...], Tensor]]) -> None:  # noqa: B027
+        """Loaded chunks were written in place; schemes with staging buffers override this."""

@@ -1,0 +1,62 @@
+"""What the planner's cost model knows about a table, and what a scheme reports for it.
+
+Each scheme estimates one table's per-rank memory and traffic under one placement
+(:meth:`Scheme.cost <embcore.sharding.schemes.Scheme.cost>`); the planner sums them. See
+``docs/sharding.md`` ("Plans").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = ["F32_BYTES", "I64_BYTES", "Cost", "PlannedTable"]
+
+F32_BYTES, I64_BYTES = 4, 8
+
+
+@dataclass(frozen=True)
+class PlannedTable:
+    """One table as the cost model sees it: sizes and the expected ids of one rank's step.
+
+    Attributes:
+        name, vocab, dim: the table.
+        col_bytes: bytes per row and column: the weight and each element-wise slot.
+        row_bytes: bytes per row: the row-wise slots.
+        samples: samples per rank and step, over the table's features.
+        ids: ids looked up per rank and step.
+        unique: distinct ids among them (at most ``vocab``).
+        element_wise: whether the optimizer keeps no row-wise slot (column shards allowed).
+    """
+
+    name: str
+    vocab: int
+    dim: int
+    col_bytes: int
+    row_bytes: int
+    samples: float
+    ids: float
+    unique: float
+    element_wise: bool
+
+    def bytes(self, rows: int, cols: int) -> int:
+        """Bytes of ``rows`` rows and ``cols`` columns, weights plus optimizer slots."""
+        return rows * (cols * self.col_bytes + self.row_bytes)
+
+    @property
+    def batch_message(self) -> float:
+        """Bytes of the table's batch of one rank and step: offsets, ids and gains."""
+        return I64_BYTES * (self.samples + 1) + (I64_BYTES + F32_BYTES) * self.ids
+
+
+class Cost(NamedTuple):
+    """One table's estimate under one placement, one entry per rank (bytes; per step for
+    the traffic)."""
+
+    memory: list[float]
+    sent: list[float]
+    received: list[float]
+
+    @classmethod
+    def zeros(cls, world: int) -> Cost:
+        return cls([0.0] * world, [0.0] * world, [0.0] * world)
