@@ -18,6 +18,7 @@ from sidebyside.runner import Options, hardware, run
 __all__ = [
     "Options",
     "benchmarks_md",
+    "gpu_section",
     "hardware",
     "markdown",
     "run",
@@ -53,7 +54,30 @@ def benchmarks_md(results: dict, command: str) -> str:
         f"* Python {hw['python']}; {versions}\n\n"
         "## Command\n\n"
         f"```\n{command}\n```\n\n"
-        "## Results\n\n" + markdown(results)
+        "## Results\n\n" + markdown(results) + "\n" + gpu_section()
+    )
+
+
+def gpu_section(figures: dict | None = None) -> str:
+    """BENCHMARKS.md's GPU section: the note that nothing is measured yet, and the bandwidth
+    MODEL of :mod:`sidebyside.gpu_model` (``figures``: its :func:`model`, computed if None)."""
+    from sidebyside import gpu, gpu_model
+
+    if figures is None:
+        figures = gpu_model.model({k: gpu.GPU_WORKLOADS[k] for k in ("W1-gpu", "W2-gpu")})
+    bandwidth = ", ".join(f"{g} {b / 1e12:.2f} TB/s" for g, b in gpu_model.BANDWIDTH.items())
+    return (
+        "## GPU\n\n"
+        "**No measured GPU figure exists yet**: embcore's machines have no GPU. "
+        "`embcore bench --device cuda` measures embcore, plain PyTorch and FBGEMM TBE side by "
+        "side on one (docs/gpu_backend.md); its tables belong here once it has run there.\n\n"
+        "Until then, a bandwidth **model** (a prediction, not a measurement; "
+        "`benchmarks/sidebyside/gpu_model.py`): for `W1-gpu` and `W2-gpu` (W1 and W2 at batch "
+        "65,536, Adagrad), the bytes each of embcore's kernels must move per step, divided by "
+        f"the HBM bandwidth ({bandwidth}): the predicted floor of a step's embedding work if "
+        "every kernel streamed at peak bandwidth. Real kernels reach a fraction of it; L2 hits "
+        "on hot rows can beat it for the lookup. The dense part of the step is not included.\n\n"
+        + gpu_model.markdown(figures)
     )
 
 

@@ -12,14 +12,11 @@ device, in one process, on the same pre-generated batches:
   their bytes moved and achieved bandwidth as a fraction of the device-to-device copy
   bandwidth measured in the same run.
 
-Bytes moved, per step (float32 activations and gradients, tables in their storage dtype):
+Bytes moved per step are those of the bandwidth model (:func:`.gpu_model.kernel_bytes`,
+tables in their storage dtype): the lookup kernel's for ``lookup``, the sum of the update's
+kernels (gains, sort, searchsorted, partial sums and the rule) for ``update``.
 
-    lookup: ids * (row + 8)            row reads and int64 ids
-            + bags * dim * 4           activation writes
-    update: ids * (dim * 4 + 8 + 8)    gradient-row reads, order + bag per id
-            + unique * 2 * (row + slot bytes)   read and write of each unique row and slots
-
-(the sort of the ids is not counted). Timing waits for the device before and after each step
+Timing waits for the device before and after each step
 (``torch.cuda.synchronize``); on the CPU (the interpreter smoke test) it is plain wall time.
 """
 
@@ -36,6 +33,7 @@ import torch
 import embcore as ec
 from embcore import ops
 from embcore.inputs import FeatureBatch
+from sidebyside.gpu_model import kernel_bytes
 from sidebyside.workloads import WORKLOADS, Batch, Workload, make_batches, projection
 
 __all__ = ["GPU_WORKLOADS", "copy_bandwidth", "markdown", "run"]
@@ -219,9 +217,10 @@ def _kernel_times(
     row = workload.dim * torch.finfo(storage_dtype).bits // 8
     ids = float(np.median([b.ids for b in batches]))
     unique = float(np.median([sum(b.unique) for b in batches]))
+    kernels = kernel_bytes(ids, unique, len(states) * workload.batch, workload.dim, row)
     moved = {
-        "lookup": ids * (row + 8) + len(states) * workload.batch * workload.dim * 4,
-        "update": ids * (workload.dim * 4 + 16) + unique * 2 * (row + workload.dim * 4),
+        "lookup": kernels["lookup: forward.pooled"],
+        "update": sum(v for k, v in kernels.items() if k.startswith("update:")),
     }
     ms = {
         "lookup": _median_ms(

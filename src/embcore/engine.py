@@ -99,6 +99,8 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         storage_dtype: how tables are stored: ``torch.float32`` (default), or
             ``torch.float16`` / ``torch.bfloat16`` with the ``"triton"`` backend (float32 slots
             and optimizer math, rows rounded once when stored; docs/gpu_backend.md).
+        stochastic_rounding: round half-precision rows stochastically (unbiased) instead of
+            to nearest when they are stored; needs a float16 / bfloat16 ``storage_dtype``.
         plan: an ``embcore.sharding.ShardingPlan``. Under an initialized process group of
             several ranks (``torchrun``) the engine shards its tables over the ranks, by this
             plan or by the planner's, and computes what one process computes on all ranks'
@@ -128,6 +130,7 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         plan: Any = None,
         non_finite_gradients: str = "raise",
         storage_dtype: torch.dtype = torch.float32,
+        stochastic_rounding: bool = False,
     ) -> None:
         super().__init__()
         self._features, self._tables = resolve(feature_config, optimizer)
@@ -137,6 +140,15 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         self.backend = ops.default_backend(device) if backend == "auto" else backend
         ops.get_backend(self.backend)
         self.storage_dtype = _storage_dtype(storage_dtype, self.backend)
+        if not isinstance(stochastic_rounding, bool) or (
+            stochastic_rounding and self.storage_dtype == torch.float32
+        ):
+            raise ValueError(
+                f"EmbeddingEngine: stochastic_rounding={stochastic_rounding!r} needs a bool, and "
+                "True needs storage_dtype=torch.float16 or torch.bfloat16 (float32 rows are "
+                f"not rounded), got storage_dtype={self.storage_dtype}"
+            )
+        self.stochastic_rounding = stochastic_rounding
         if plan is not None:
             raise ValueError(
                 f"{type(self).__name__}: plan= is for the sharded engine; construct "
@@ -207,7 +219,8 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         }
 
     def _state(self, table: ResolvedTable) -> ops.TableState:
-        return ops.TableState(table.name, self._weight(table), self._slots(table), table.optimizer)
+        weight, slots, sr = self._weight(table), self._slots(table), self.stochastic_rounding
+        return ops.TableState(table.name, weight, slots, table.optimizer, sr)
 
     def _states(self) -> list[ops.TableState]:
         """Every table's state, rebuilt only when a buffer was replaced (``.to()``, assignment):

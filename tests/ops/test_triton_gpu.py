@@ -120,12 +120,9 @@ def test_stochastic_rounding_is_unbiased(
     state = ops.TableState("t", start.clone(), {}, ec.SGD(learning_rate=1.0))
     tb.update([state], [[batch]], [grads], [1.0], 1)
     assert torch.equal(state.weight, start)
-    tb.set_stochastic_rounding(True)
-    try:
-        for s in range(steps):
-            tb.update([state], [[batch]], [grads], [1.0], 2 + s)
-    finally:
-        tb.set_stochastic_rounding(False)
+    state = ops.TableState("t", state.weight, {}, state.optimizer, stochastic_rounding=True)
+    for s in range(steps):
+        tb.update([state], [[batch]], [grads], [1.0], 2 + s)
     drift = (start.float() - state.weight.float()) / spacing  # whole spacings per element
     assert torch.equal(drift, drift.round())
     assert abs(drift.mean().item() - steps / 4) < 0.05 * steps / 4

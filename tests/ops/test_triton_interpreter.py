@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,7 +39,6 @@ from embcore import ops
 from embcore.ops import reference
 from embcore.ops import triton as tb
 from embcore.ops.triton.rules import sgd
-from embcore.ops.triton.storage import set_stochastic_rounding
 
 VOCAB = 12
 
@@ -140,11 +140,8 @@ def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased(dtype: torch.dtyp
     grads = [torch.full((vocab, dim), ulp / 8)]
     tb.update([state], [feats], [grads], [1.0], 1)
     assert torch.equal(state.weight, torch.ones(vocab, dim, dtype=dtype))  # nearest: no move
-    set_stochastic_rounding(True)
-    try:
-        tb.update([state], [feats], [grads], [1.0], 2)
-    finally:
-        set_stochastic_rounding(False)
+    state = ops.TableState("t", state.weight, {}, state.optimizer, stochastic_rounding=True)
+    tb.update([state], [feats], [grads], [1.0], 2)
     down = 1.0 - ulp / 2  # the neighbour below 1 (the binade below has half the spacing)
     moved = state.weight.float()
     assert bool(((moved == 1.0) | (moved == down)).all())
@@ -240,3 +237,79 @@ def test_gpu_benchmark_mode_runs_on_tiny_workloads(tmp_path) -> None:
             assert w["kernels"][kernel]["fraction_of_copy"] > 0
     table = gpu.markdown(results)
     assert "| W2-gpu-quick | update (triton) |" in table
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam_non_lazy"])
+def test_long_runs_are_split_across_programs_and_combined(name: str) -> None:
+    """A hot id seen 500 times (plus 200 ids of five others, runs straddling the blocks of
+    ``split`` sorted positions) with one id per bag: the run is summed by several programs
+    and combined, deterministically. SGD is checked against NumPy in float64, non-lazy Adam
+    against the reference backend."""
+    gen = torch.Generator().manual_seed(12)
+    ids = torch.cat([torch.full((500,), 3), torch.randint(0, 6, (200,), generator=gen)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)]
+    batch = ec.inputs.FeatureBatch(ids, torch.arange(ids.numel() + 1), None, "sum", (700,))
+    plan = tb.backward.row_plan(tb.jagged.table_batch([batch]), 8)
+    assert plan.split == 64 and int((ids == 3).sum()) > 7 * plan.split  # the run is split
+    grads = [torch.randn(700, 8, generator=gen)]
+    state = make_state(OPTIMIZERS[name], 6, 8, seed=13)
+    if name == "adam_non_lazy":
+        check_update(tb, state, [batch], grads)
+        return
+    twin = make_state(OPTIMIZERS[name], 6, 8, seed=13)
+    want = state.weight.double().numpy().copy()
+    np.add.at(want, ids.numpy(), -0.1 * grads[0].double().numpy())
+    tb.update([state], [[batch]], [grads], [0.1], 1)
+    np.testing.assert_allclose(state.weight.numpy(), want, rtol=1e-5, atol=1e-5)
+    tb.update([twin], [[batch]], [grads], [0.1], 1)
+    assert torch.equal(state.weight, twin.weight)  # the combine order is fixed
+
+
+def test_non_finite_flags_stay_on_the_device_and_match_numpy(monkeypatch) -> None:
+    """One flag per tensor (contiguous float32 scanned by the kernel, others by PyTorch), the
+    same as NumPy's; building them reads nothing back to the host."""
+    x = torch.randn(3 * 4096 + 5)
+    tensors = [torch.zeros(0), torch.ones(1), x.clone(), x.clone(), x.clone()]
+    tensors[2][-1] = float("nan")
+    tensors[3][4096] = float("-inf")
+    stacked = torch.zeros(6, 3, 4)
+    stacked[2, 1, 3] = float("inf")
+    tensors += [stacked[:, f, :] for f in range(3)]  # strided slices
+    tensors.append(torch.tensor([1e300, 1.0], dtype=torch.float64))  # finite in float64
+    want = [not np.isfinite(t.numpy()).all() for t in tensors]
+    assert want == [False, False, True, True, False, False, True, False, False]
+    for method in ("tolist", "item", "__bool__", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, method, _no_host_reads, raising=False)
+    flags = tb.finite.non_finite_flags(tensors)
+    monkeypatch.undo()
+    assert flags.device == x.device and flags.tolist() == [int(w) for w in want]
+    assert tb.non_finite(tensors) == want
+    assert ops.non_finite("triton", tensors) == want
+
+
+def _no_host_reads(*args, **kwargs):
+    raise AssertionError("non_finite_flags read a tensor back to the host")
+
+
+def test_stochastic_rounding_is_an_engine_option() -> None:
+    """A bfloat16 table of ones with steps far below its precision (a gradient of 1 per id,
+    lr 2**-10, ulp of 1 is 2**-7): round to nearest leaves the table as it was,
+    ``stochastic_rounding=True`` moves touched rows only. float32 tables reject the option."""
+    config = {"f": ec.FeatureConfig(table=ec.TableConfig(vocabulary_size=10, dim=8, name="t"))}
+    ids = torch.tensor([1, 4, 4, 7])
+    tables = []
+    for sr in (False, True):
+        engine = ec.EmbeddingEngine(
+            config, ec.SGD(learning_rate=2.0**-10), backend="triton", seed=2,
+            storage_dtype=torch.bfloat16, stochastic_rounding=sr,
+        )  # fmt: skip
+        engine.embedding_tables["t"].fill_(1.0)
+        before = engine.embedding_tables["t"].clone()
+        engine({"f": ids})["f"].sum().backward()
+        tables.append((before, engine.embedding_tables["t"]))
+    (before, nearest), (start, stochastic) = tables
+    assert torch.equal(before, start) and torch.equal(nearest, before)
+    moved = (stochastic != start).any(dim=1)
+    assert moved.any() and not moved[[0, 2, 3, 5, 6, 8, 9]].any()
+    with pytest.raises(ValueError, match=r"stochastic_rounding=True needs .*float32"):
+        ec.EmbeddingEngine(config, ec.SGD(), backend="triton", stochastic_rounding=True)

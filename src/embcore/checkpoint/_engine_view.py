@@ -133,12 +133,13 @@ class EngineView:
             ]
         step = engine._step  # type: ignore[attr-defined]
         out = [StoredTensor("step", (), "int64", _one_chunk(step), _one_chunk(step), _noop)]
+        weight = str(engine.storage_dtype).removeprefix("torch.")  # type: ignore[attr-defined]
         for key, table, name in engine._checkpoint_items():  # type: ignore[attr-defined]
             out.append(
                 StoredTensor(
                     key,
                     table.logical_shape(name),
-                    "float32",
+                    weight if name == "weight" else "float32",  # slots are float32
                     lambda table=table, name=name: table.save_chunks(name),
                     lambda table=table, name=name: table.load_chunks(name),
                     lambda chunks, table=table, name=name: table.finish_load(name, chunks),

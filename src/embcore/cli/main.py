@@ -24,7 +24,7 @@ from embcore.errors import UserError
 __all__ = ["COMMANDS", "main"]
 
 #: Modules under ``embcore.cli`` that register a subcommand, in help order.
-COMMANDS: list[str] = ["train", "export", "predict", "stats", "plan", "bench"]
+COMMANDS: list[str] = ["train", "export", "predict", "stats", "plan", "bench", "kernels"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,12 +21,15 @@ class TableState:
         weight: ``(vocab, dim) float32``, contiguous.
         slots: slot name -> ``(vocab, dim)`` or ``(vocab,)`` ``float32``, contiguous.
         optimizer: the table's optimizer (``None`` for a lookup-only table).
+        stochastic_rounding: round a float16 / bfloat16 weight stochastically when storing
+            it (backends that store half-precision tables; see docs/gpu_backend.md).
     """
 
     name: str
     weight: Tensor
     slots: dict[str, Tensor]
     optimizer: Optimizer | None
+    stochastic_rounding: bool = False
 
 
 def check_updatable(backend: str, states: Sequence[TableState], kernels: Container[type]) -> None:

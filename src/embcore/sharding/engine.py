@@ -111,7 +111,8 @@ class ShardedEmbeddingEngine(EmbeddingEngine):
         plan.check(self._tables, world)
         self._check_everyone_agrees(plan)
         self.plan = plan
-        env = ShardEnv(self._comm, device, self.seed, self.backend)
+        env = ShardEnv(self._comm, device, self.seed, self.backend, self.storage_dtype,
+                       self.stochastic_rounding)  # fmt: skip
         self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self._tables]
         self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
 

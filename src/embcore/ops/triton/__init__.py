@@ -6,8 +6,10 @@ concatenated by :mod:`.jagged`), one program per bag, float32 accumulation.
 Update: per table, the ids are sorted on the device and each id's gain and bag computed
 (:mod:`.backward`); then one launch of the optimizer's kernel (:mod:`.rules`) runs one program
 per unique row that sums the row's gradient and applies gradient clip, weight decay, the rule
-and weight clip once, writing the row and its slots in place. Non-lazy Adam runs one program
-per table row. Nothing waits for the device.
+and weight clip once, writing the row and its slots in place (runs longer than a few tiles are
+split across programs and combined, :mod:`.backward`). Non-lazy Adam runs one program per
+table row. Nothing waits for the device. :func:`non_finite` checks gradients on the device and
+reads one flag buffer back (:mod:`.finite`).
 
 Tables may be stored as float32, float16 or bfloat16 (:mod:`.storage`); activations,
 gradients, slots and all optimizer math are float32. Results match
@@ -30,11 +32,12 @@ from torch import Tensor
 
 from embcore.inputs import FeatureBatch
 from embcore.ops.state import TableState, check_updatable
-from embcore.ops.triton import backward, forward, jagged
+from embcore.ops.triton import backward, forward, jagged, launch
+from embcore.ops.triton.finite import non_finite
 from embcore.ops.triton.rules import RULES
-from embcore.ops.triton.storage import STORAGE_CODES, set_stochastic_rounding, stochastic_rounding
+from embcore.ops.triton.storage import STORAGE_CODES
 
-__all__ = ["MAX_DIM", "lookup", "set_stochastic_rounding", "stochastic_rounding", "update"]
+__all__ = ["MAX_DIM", "lookup", "non_finite", "update"]
 
 #: the widest row a program holds in registers
 MAX_DIM = 4096
@@ -43,7 +46,8 @@ MAX_DIM = 4096
 def _check_table(op: str, state: TableState) -> None:
     weight = state.weight
     where = f"embcore.ops.{op}: backend 'triton', table '{state.name}'"
-    if weight.device.type != "cuda" and not triton.knobs.runtime.interpret:
+    on_device = weight.device.type == "cuda" or triton.knobs.runtime.interpret
+    if not on_device and not launch.is_recording():
         raise NotImplementedError(
             f"{where}: tensors must be on a CUDA device, got {weight.device}; use "
             "backend='cpu' or 'reference' on the CPU (or set TRITON_INTERPRET=1 before "

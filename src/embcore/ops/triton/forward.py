@@ -1,6 +1,6 @@
 """Pooled (and sequence) forward lookups: one launch per table, one program per bag.
 
-For bag ``s`` with ids ``j`` in ``[offsets[s], offsets[s+1])`` (SPEC 2.1)::
+For bag ``s`` with ids ``j`` in ``[offsets[s], offsets[s+1])`` (docs/semantics.md §2.1)::
 
     out[s, :] = sum_j gain_j * table[values[j], :]      gain_j = w_j * scale(s)
     scale(s)  = 1 | 1 / sum_j w_j | 1 / sqrt(sum_j w_j^2)   for sum | mean | sqrtn (0 if 0)
@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from embcore.ops.triton import launch
 from embcore.ops.triton.jagged import TableBatch
 from embcore.ops.triton.storage import load_row
 
@@ -31,7 +32,7 @@ def block_sizes(dim: int, ids_per_bag: float) -> tuple[int, int, int]:
     per_tile = max(2, 4096 // block_d)
     block_l = min(per_tile, max(2, triton.next_power_of_2(max(1, round(ids_per_bag)))))
     tile = block_d * block_l
-    num_warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 2048 else 8
+    num_warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4
     return block_d, block_l, num_warps
 
 
@@ -104,14 +105,16 @@ def pooled_lookup(table: Tensor, batch: TableBatch) -> list[Tensor]:
     out = torch.empty(batch.num_bags, dim, dtype=torch.float32, device=table.device)
     if batch.num_bags > 0:
         block_d, block_l, warps = block_sizes(dim, batch.num_ids / batch.num_bags)
-        _pooled_kernel[(batch.num_bags,)](
-            table,
-            batch.values,
-            batch.offsets,
-            batch.values if batch.weights is None else batch.weights,
-            batch.offsets if batch.modes is None else batch.modes,
-            out,
-            dim,
+        launch.run(
+            _pooled_kernel,
+            batch.num_bags,
+            table=table,
+            values=batch.values,
+            offsets=batch.offsets,
+            weights=batch.values if batch.weights is None else batch.weights,
+            modes=batch.offsets if batch.modes is None else batch.modes,
+            out=out,
+            dim=dim,
             COMBINER=batch.combiner,
             HAS_WEIGHTS=batch.weights is not None,
             BLOCK_D=block_d,

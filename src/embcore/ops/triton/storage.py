@@ -6,7 +6,8 @@ once when it is stored:
 
 * round to nearest even (the default), exactly what ``tensor.to(dtype)`` does, so the result
   equals the reference backend's float32 update followed by ``.to(dtype)``;
-* stochastic rounding (:func:`set_stochastic_rounding`), which rounds up with probability
+* stochastic rounding (a table option: ``EmbeddingEngine(..., stochastic_rounding=True)``,
+  carried to the kernels as ``TableState.stochastic_rounding``), which rounds up with probability
   equal to the distance to the lower neighbour over the gap, so that small updates that round
   to nearest would erase survive on average. It is unbiased: ``E[round(x)] = x``. The random
   bits come from Philox keyed by ``(seed, element offset)``; the seed is derived from the
@@ -29,29 +30,11 @@ import triton.language as tl
 __all__ = [
     "STORAGE_CODES",
     "load_row",
-    "set_stochastic_rounding",
-    "stochastic_rounding",
     "store_row",
 ]
 
 #: storage dtype -> the constexpr code the kernels branch on
 STORAGE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-_stochastic = False
-
-
-def set_stochastic_rounding(enabled: bool) -> None:
-    """Round half-precision table rows stochastically (``True``) or to nearest (``False``,
-    the default) when the Triton backend stores them. Has no effect on float32 tables."""
-    global _stochastic
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_stochastic_rounding: enabled must be a bool, got {enabled!r}")
-    _stochastic = enabled
-
-
-def stochastic_rounding() -> bool:
-    """Whether half-precision rows are rounded stochastically (see the module docstring)."""
-    return _stochastic
 
 
 @triton.jit

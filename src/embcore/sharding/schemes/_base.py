@@ -57,6 +57,8 @@ class ShardEnv:
     device: torch.device
     seed: int
     backend: str
+    storage_dtype: torch.dtype = F32  # of the weights; slots are float32
+    stochastic_rounding: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,7 +157,8 @@ class Scheme(ABC):
         self.state: ops.TableState | None = None
         if mine is not None:
             weight, slots = initial_piece(table, env.seed, mine, env.device)
-            self.state = ops.TableState(table.name, weight, slots, table.optimizer)
+            weight, sr = weight.to(env.storage_dtype), env.stochastic_rounding
+            self.state = ops.TableState(table.name, weight, slots, table.optimizer, sr)
 
     # ------------------------------------------------------------------- placement
     @abstractmethod
@@ -225,7 +228,8 @@ class Scheme(ABC):
     def gather_take(self, name: str, inbox: Inbox) -> Tensor:
         """Gathering, second half: every rank's piece put in place, the full tensor."""
         mine = self.local(name)
-        full = torch.empty(self.logical_shape(name), dtype=F32, device=self.env.device)
+        dtype = self.env.storage_dtype if name == "weight" else F32
+        full = torch.empty(self.logical_shape(name), dtype=dtype, device=self.env.device)
         for src in range(self.world):
             piece = self.piece(src)
             if piece is None:
@@ -233,10 +237,10 @@ class Scheme(ABC):
             lo, hi = piece.cols
             rows = piece.rows.to(full.device)
             if full.dim() == 1:
-                part = mine if src == self.rank else inbox.take(src, F32)
+                part = mine if src == self.rank else inbox.take(src, dtype)
                 full[rows] = part.reshape(-1)
             else:
-                part = mine if src == self.rank else inbox.take(src, F32, hi - lo)
+                part = mine if src == self.rank else inbox.take(src, dtype, hi - lo)
                 full[rows, lo:hi] = part
         return full
 

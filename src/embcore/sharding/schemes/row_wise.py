@@ -159,7 +159,7 @@ class RowWise(Scheme):
         if self.state is None:
             return
         for src in range(self.world):
-            ex.send(src, self.state.weight[inbox.take(src, I64).reshape(-1)])
+            ex.send(src, self.state.weight[inbox.take(src, I64).reshape(-1)].float())
 
     def output_dist(self, inbox: Inbox, ctx: _Forward) -> list[Tensor]:
         dim = self.table.dim

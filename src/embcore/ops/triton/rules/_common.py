@@ -5,7 +5,8 @@ clip. A rule kernel runs, in one program per unique row (lazy) or per table row 
 
     row, active, first, stop = locate(...)      # its row and its run of sorted ids
     if active:
-        offs, mask, g, w = begin(...)           # summed, clipped g; float32 w after decay
+        offs, mask, g, w = begin(...)           # summed (split runs combined), clipped g;
+                                                # float32 w after decay
         ... the optimizer's own rule on w and its slots (float32) ...
         finish(table, offs, mask, w, ...)       # clip w, store in the storage dtype
 
@@ -29,8 +30,9 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from embcore.ops.state import TableState
-from embcore.ops.triton.backward import RowPlan, row_heads, run_gradient, run_head
-from embcore.ops.triton.storage import STORAGE_CODES, load_row, stochastic_rounding, store_row
+from embcore.ops.triton import launch as launcher
+from embcore.ops.triton.backward import RowPlan, partial_sums, row_gradient, row_heads, run_head
+from embcore.ops.triton.storage import STORAGE_CODES, load_row, store_row
 from embcore.optimizers.base import Optimizer
 
 __all__ = ["begin", "finish", "launch", "locate", "power", "power_mode"]
@@ -66,6 +68,7 @@ def begin(
     order,
     bags,
     gains,
+    partials,
     row,
     first,
     stop,
@@ -77,6 +80,7 @@ def begin(
     DECAY: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """``(offs, mask, g, w)`` of a row before its rule: the element offsets of the row, the
     dim mask, the summed gradient clipped to ``[g_min, g_max]`` and the float32 row after
@@ -84,7 +88,9 @@ def begin(
     cols = tl.arange(0, BLOCK_D)
     mask = cols < dim
     offs = row * dim + cols
-    g = run_gradient(grad, order, bags, gains, first, stop, cols, mask, dim, BLOCK_L)
+    g = row_gradient(
+        grad, order, bags, gains, partials, first, stop, cols, mask, dim, BLOCK_L, SPLIT
+    )
     w = load_row(table, offs, mask)
     if CLIP_G:
         g = tl.minimum(tl.maximum(g, g_min), g_max)
@@ -192,7 +198,9 @@ def launch(
     if programs == 0:
         return
     heads = plan.sorted_ids if lazy else row_heads(plan, vocab)
-    kernel[(programs,)](
+    launcher.run(
+        kernel,
+        programs,
         table=state.weight,
         grad=grad,
         sorted_ids=plan.sorted_ids,
@@ -200,15 +208,17 @@ def launch(
         ends=plan.ends,
         gains=plan.gains,
         bags=plan.bags,
+        partials=partial_sums(plan, grad),
         heads=heads,
         dim=dim,
         lr=lr,
         seed=_seed(state.name, step),
         LAZY=lazy,
         STORAGE=STORAGE_CODES[state.weight.dtype],
-        STOCHASTIC=stochastic_rounding() and state.weight.dtype != torch.float32,
+        STOCHASTIC=state.stochastic_rounding and state.weight.dtype != torch.float32,
         BLOCK_D=plan.block_d,
         BLOCK_L=plan.block_l,
+        SPLIT=plan.split,
         num_warps=plan.num_warps,
         enable_fp_fusion=False,
         **slots,

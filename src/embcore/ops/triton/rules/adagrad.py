@@ -1,4 +1,4 @@
-"""Adagrad's row rule, element-wise, no epsilon (SPEC 3.3)::
+"""Adagrad's row rule, element-wise, no epsilon (docs/semantics.md §3.3)::
 
 acc <- acc + g^2
 w   <- w - lr * g / sqrt(acc)
@@ -19,18 +19,18 @@ __all__ = ["update"]
 
 @triton.jit(do_not_specialize=["seed"])
 def _kernel(
-    table, grad, sorted_ids, order, ends, gains, bags, heads, dim, lr, seed,
+    table, grad, sorted_ids, order, ends, gains, bags, partials, heads, dim, lr, seed,
     g_min, g_max, decay, w_min, w_max,
     accumulators,  # (vocab, dim) float32
     LAZY: tl.constexpr, STORAGE: tl.constexpr, STOCHASTIC: tl.constexpr,
     CLIP_G: tl.constexpr, DECAY: tl.constexpr, CLIP_W: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     row, active, first, stop = locate(sorted_ids, ends, heads, LAZY)
     if active:
         offs, mask, g, w = begin(
-            table, grad, order, bags, gains, row, first, stop, dim, g_min, g_max, decay,
-            CLIP_G, DECAY, BLOCK_D, BLOCK_L,
+            table, grad, order, bags, gains, partials, row, first, stop, dim, g_min, g_max,
+            decay, CLIP_G, DECAY, BLOCK_D, BLOCK_L, SPLIT,
         )  # fmt: skip
         acc = tl.load(accumulators + offs, mask=mask, other=1.0) + g * g
         w = w - tl.div_rn(lr * g, tl.sqrt_rn(acc))

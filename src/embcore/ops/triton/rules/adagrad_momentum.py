@@ -1,4 +1,4 @@
-"""Adagrad-with-momentum's row rule (SPEC 3.5)::
+"""Adagrad-with-momentum's row rule (docs/semantics.md §3.5)::
 
 acc <- acc + g^2                          if beta2 == 1
 acc <- beta2 * acc + (1 - beta2) * g^2    otherwise
@@ -22,20 +22,20 @@ __all__ = ["update"]
 
 @triton.jit(do_not_specialize=["seed"])
 def _kernel(
-    table, grad, sorted_ids, order, ends, gains, bags, heads, dim, lr, seed,
+    table, grad, sorted_ids, order, ends, gains, bags, partials, heads, dim, lr, seed,
     g_min, g_max, decay, w_min, w_max,
     accumulators, momenta,  # (vocab, dim) float32
     momentum, beta2, one_minus_beta2, epsilon, neg_inv_exponent,
     PLAIN_SUM: tl.constexpr, NESTEROV: tl.constexpr, POWER: tl.constexpr,
     LAZY: tl.constexpr, STORAGE: tl.constexpr, STOCHASTIC: tl.constexpr,
     CLIP_G: tl.constexpr, DECAY: tl.constexpr, CLIP_W: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     row, active, first, stop = locate(sorted_ids, ends, heads, LAZY)
     if active:
         offs, mask, g, w = begin(
-            table, grad, order, bags, gains, row, first, stop, dim, g_min, g_max, decay,
-            CLIP_G, DECAY, BLOCK_D, BLOCK_L,
+            table, grad, order, bags, gains, partials, row, first, stop, dim, g_min, g_max,
+            decay, CLIP_G, DECAY, BLOCK_D, BLOCK_L, SPLIT,
         )  # fmt: skip
         acc = tl.load(accumulators + offs, mask=mask, other=1.0)
         acc = acc + g * g if PLAIN_SUM else beta2 * acc + one_minus_beta2 * g * g

@@ -1,4 +1,4 @@
-"""Adam's row rule, no bias correction unless asked (SPEC 3.6)::
+"""Adam's row rule, no bias correction unless asked (docs/semantics.md §3.6)::
 
     m <- beta_1 * m + (1 - beta_1) * g
     v <- beta_2 * v + (1 - beta_2) * g^2
@@ -26,20 +26,20 @@ __all__ = ["update"]
 
 @triton.jit(do_not_specialize=["seed"])
 def _kernel(
-    table, grad, sorted_ids, order, ends, gains, bags, heads, dim, lr, seed,
+    table, grad, sorted_ids, order, ends, gains, bags, partials, heads, dim, lr, seed,
     g_min, g_max, decay, w_min, w_max,
     momenta, velocities,  # (vocab, dim) float32
     beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon,
     INSIDE: tl.constexpr,
     LAZY: tl.constexpr, STORAGE: tl.constexpr, STOCHASTIC: tl.constexpr,
     CLIP_G: tl.constexpr, DECAY: tl.constexpr, CLIP_W: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     row, active, first, stop = locate(sorted_ids, ends, heads, LAZY)
     if active:
         offs, mask, g, w = begin(
-            table, grad, order, bags, gains, row, first, stop, dim, g_min, g_max, decay,
-            CLIP_G, DECAY, BLOCK_D, BLOCK_L,
+            table, grad, order, bags, gains, partials, row, first, stop, dim, g_min, g_max,
+            decay, CLIP_G, DECAY, BLOCK_D, BLOCK_L, SPLIT,
         )  # fmt: skip
         m = beta_1 * tl.load(momenta + offs, mask=mask, other=0.0) + one_minus_beta_1 * g
         v = beta_2 * tl.load(velocities + offs, mask=mask, other=0.0) + one_minus_beta_2 * g * g

@@ -1,4 +1,6 @@
-"""FTRL-Proximal's row rule, both of TensorFlow's forms (SPEC 3.7). With ``p = -power``::
+"""FTRL-Proximal's row rule, both of TensorFlow's forms (docs/semantics.md §3.7).
+
+With ``p = -power``::
 
     acc_new = acc + g^2
     lin    <- lin + g - (acc_new^p - acc^p) / lr * w                    (standard)
@@ -25,20 +27,20 @@ __all__ = ["update"]
 
 @triton.jit(do_not_specialize=["seed"])
 def _kernel(
-    table, grad, sorted_ids, order, ends, gains, bags, heads, dim, lr, seed,
+    table, grad, sorted_ids, order, ends, gains, bags, partials, heads, dim, lr, seed,
     g_min, g_max, decay, w_min, w_max,
     accumulators, linears,  # (vocab, dim) float32
     p, limit, beta, quad_extra,
     MULTIPLY: tl.constexpr, POWER: tl.constexpr,
     LAZY: tl.constexpr, STORAGE: tl.constexpr, STOCHASTIC: tl.constexpr,
     CLIP_G: tl.constexpr, DECAY: tl.constexpr, CLIP_W: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     row, active, first, stop = locate(sorted_ids, ends, heads, LAZY)
     if active:
         offs, mask, g, w = begin(
-            table, grad, order, bags, gains, row, first, stop, dim, g_min, g_max, decay,
-            CLIP_G, DECAY, BLOCK_D, BLOCK_L,
+            table, grad, order, bags, gains, partials, row, first, stop, dim, g_min, g_max,
+            decay, CLIP_G, DECAY, BLOCK_D, BLOCK_L, SPLIT,
         )  # fmt: skip
         acc = tl.load(accumulators + offs, mask=mask, other=1.0)
         lin = tl.load(linears + offs, mask=mask, other=0.0)
