@@ -142,6 +142,11 @@ OPTIMIZER_CASES: list[OptCase] = [
     ),
     OptCase("adam-bias-correction", "adam", {"learning_rate": 0.05, "bias_correction": True}),
     OptCase(
+        "adam-eps-outside-sqrt-bias-correction",
+        "adam",
+        {"learning_rate": 0.1, "sum_inside_sqrt": False, "bias_correction": True},
+    ),
+    OptCase(
         "adam-decay-clip",
         "adam",
         {

@@ -194,8 +194,8 @@ def test_shared_table_and_mixed_optimizers_in_one_step() -> None:
     gen = torch.Generator().manual_seed(7)
     specs = [
         (OPTIMIZERS["adagrad"], 50, 8),
-        (OPTIMIZERS["ftrl"], 20, 5),
-        (OPTIMIZERS["adam_non_lazy"], 30, 3),
+        (OPTIMIZERS["ftrl-l1-l2-beta-power"], 20, 5),
+        (OPTIMIZERS["adam-non-lazy"], 30, 3),
         (ec.Adagrad(learning_rate=0.5, initial_accumulator_value=1.0), 25, 1),
         (OPTIMIZERS["rowwise_adagrad"], 60, 64),
     ]
@@ -361,7 +361,7 @@ def _engine_inputs(shift: int = 0) -> tuple[dict, dict, dict]:
     return config, features, weights
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "adam_non_lazy", "rowwise_adagrad"])
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam-non-lazy", "rowwise_adagrad"])
 def test_engine_every_input_format_matches_reference(optimizer: str) -> None:
     config, _, _ = _engine_inputs()
     engines = {

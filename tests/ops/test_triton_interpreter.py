@@ -118,7 +118,7 @@ def test_update_matches_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad", "adam_non_lazy"])
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad", "adam-non-lazy"])
 def test_half_storage_update_rounds_the_float32_update(dtype: torch.dtype, name: str) -> None:
     state = make_state(OPTIMIZERS[name], VOCAB, 6, seed=8, dtype=dtype)
     feats = _features(9, 6)
@@ -239,7 +239,7 @@ def test_gpu_benchmark_mode_runs_on_tiny_workloads(tmp_path) -> None:
     assert "| W2-gpu-quick | update (triton) |" in table
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam_non_lazy"])
+@pytest.mark.parametrize("name", ["sgd", "adam-non-lazy"])
 def test_long_runs_are_split_across_programs_and_combined(name: str) -> None:
     """A hot id seen 500 times (plus 200 ids of five others, runs straddling the blocks of
     ``split`` sorted positions) with one id per bag: the run is summed by several programs
@@ -253,7 +253,7 @@ def test_long_runs_are_split_across_programs_and_combined(name: str) -> None:
     assert plan.split == 64 and int((ids == 3).sum()) > 7 * plan.split  # the run is split
     grads = [torch.randn(700, 8, generator=gen)]
     state = make_state(OPTIMIZERS[name], 6, 8, seed=13)
-    if name == "adam_non_lazy":
+    if name == "adam-non-lazy":
         check_update(tb, state, [batch], grads)
         return
     twin = make_state(OPTIMIZERS[name], 6, 8, seed=13)
