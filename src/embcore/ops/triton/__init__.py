@@ -29,12 +29,30 @@ import triton
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
+from embcore.ops import reference
 from embcore.ops.state import TableState, check_updatable
 from embcore.ops.triton import backward, forward, jagged
 from embcore.ops.triton.rules import RULES
 from embcore.ops.triton.storage import STORAGE_CODES, set_stochastic_rounding, stochastic_rounding
 
-__all__ = ["MAX_DIM", "lookup", "set_stochastic_rounding", "stochastic_rounding", "update"]
+__all__ = [
+    "LOOKUP_WRITES_OUT",
+    "MAX_DIM",
+    "NAME",
+    "STORAGE_DTYPES",
+    "lookup",
+    "non_finite",
+    "set_stochastic_rounding",
+    "stochastic_rounding",
+    "update",
+]
+
+NAME = "triton"
+STORAGE_DTYPES = tuple(STORAGE_CODES)
+#: ``lookup`` returns fresh activations (the dispatch copies them into ``out=``)
+LOOKUP_WRITES_OUT = False
+#: NaN / Inf flags of activation gradients: the reference's, one reduction per tensor
+non_finite = reference.non_finite
 
 #: the widest row a program holds in registers
 MAX_DIM = 4096
