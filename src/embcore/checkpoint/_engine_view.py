@@ -97,11 +97,7 @@ class EngineView:
         self._engine = engine
         self._sharded = isinstance(engine, ShardedEmbeddingEngine)
         # The group the checkpoint's ranks agree over (a plain engine: the default one).
-        self.comm: Comm = (
-            engine._comm  # type: ignore[attr-defined]
-            if self._sharded
-            else Comm(None, engine.device)
-        )
+        self.comm: Comm = engine.store.comm if self._sharded else Comm(None, engine.device)
         self._state: dict[str, Tensor] | None = None
 
     def flush(self) -> None:
@@ -133,16 +129,9 @@ class EngineView:
             ]
         step = engine._step  # type: ignore[attr-defined]
         out = [StoredTensor("step", (), "int64", _one_chunk(step), _one_chunk(step), _noop)]
-        for key, table, name in engine._checkpoint_items():  # type: ignore[attr-defined]
+        for t in engine.store.tensors():
             out.append(
-                StoredTensor(
-                    key,
-                    table.logical_shape(name),
-                    "float32",
-                    lambda table=table, name=name: table.save_chunks(name),
-                    lambda table=table, name=name: table.load_chunks(name),
-                    lambda chunks, table=table, name=name: table.finish_load(name, chunks),
-                )
+                StoredTensor(t.key, t.shape, "float32", t.chunks, t.load_chunks, t.finish_load)
             )
         return out
 
@@ -150,8 +139,7 @@ class EngineView:
         """The tensors ``keys`` were filled: what was computed before the load is dropped."""
         engine = self._engine
         if self._sharded:
-            engine._deferred = None  # type: ignore[attr-defined]
-            engine._pending = None  # type: ignore[attr-defined]
+            engine.discard_pending()
             return
         assert self._state is not None, "tensors() first"
         # Copies the buffers onto themselves and resets what a load resets (pending batches).
@@ -191,7 +179,7 @@ class EngineView:
             )
         plan = getattr(engine, "plan", None)
         return {
-            "engine": {"class": type(engine).__name__, "seed": engine.seed},
+            "engine": {"class": engine.store.engine_name, "seed": engine.seed},
             "tables": tables,
             "features": [
                 {

@@ -1,81 +1,54 @@
-"""The embedding engine on one process: tables, slots, lookups and in-engine updates.
+"""The embedding engine: tables, slots, lookups and in-engine updates, over a table store.
 
 Two ways to train, with identical results:
 
-* the seeds' style: ``enqueue(batch)``, ``dequeue()`` for the activations, then
+* the TPU embedding API's calls: ``enqueue(batch)``, ``dequeue()`` for the activations, then
   ``apply_gradients(grads)`` with d(loss)/d(activation);
-* the PyTorch style: ``acts = engine(batch)``; ``loss.backward()`` runs the same update inside
+* PyTorch's: ``acts = engine(batch)``; ``loss.backward()`` runs the same update inside
   autograd's backward pass.
 
 Either way the engine sums every row's gradient over all its occurrences (all features sharing
-the table, all samples) and then applies the table's optimizer once per touched row (SPEC 3.1).
+the table, all samples) and then applies the table's optimizer once per touched row
+(docs/semantics.md §3.1). The tables live in a store (:mod:`embcore.engine._store`) chosen
+when the engine is built; see docs/architecture.md.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from embcore import nest, ops
-from embcore._autograd import LookupWithUpdate, StackedLookupWithUpdate
-from embcore._queue import Pending, QueueStyle, is_feature
 from embcore._validate import check_int
-from embcore.config import ResolvedFeature, ResolvedTable, resolve
-from embcore.initializers import initial_rows, initial_slots
+from embcore.config import ResolvedTable, resolve
+from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
+from embcore.engine._batch import PreparedBatch, is_feature
+from embcore.engine._enqueue import EnqueueDequeue, Pending
+from embcore.engine._gradients import (
+    check_gradients,
+    check_policy,
+    non_finite_error,
+    non_finite_features,
+)
+from embcore.engine._pipeline import UpdatePipeline, pipelining
+from embcore.engine._rates import learning_rates
+from embcore.engine._store import (
+    StoreConfig,
+    TableStore,
+    check_storage_dtype,
+    make_store,
+    stored_names,
+)
 from embcore.inputs import FeatureBatch, to_feature_batch
 from embcore.optimizers.base import Optimizer
-from embcore.stats import StatsCollector, StatsTable
+from embcore.stats import StatsCollector
 
-__all__ = ["EmbeddingEngine", "PreparedBatch"]
-
-
-#: The thread that applies pipelined updates on the CPU (one for every engine: updates from
-#: several engines run one after another, each still overlapping its own engine's next step).
-_update_thread = ThreadPoolExecutor(1, thread_name_prefix="embcore-update")
+__all__ = ["EmbeddingEngine"]
 
 
-#: table storage dtypes -> the backends that can update them (slots and math stay float32)
-_STORAGE_BACKENDS = {
-    torch.float32: None,  # every backend
-    torch.float16: ("triton",),
-    torch.bfloat16: ("triton",),
-}
-
-
-def _storage_dtype(value: Any, backend: str) -> torch.dtype:
-    """Check ``storage_dtype`` against the dtypes the chosen backend stores."""
-    if not isinstance(value, torch.dtype) or value not in _STORAGE_BACKENDS:
-        raise ValueError(
-            f"EmbeddingEngine: storage_dtype must be torch.float32, torch.float16 or "
-            f"torch.bfloat16, got {value!r}"
-        )
-    allowed = _STORAGE_BACKENDS[value]
-    if allowed is not None and backend not in allowed:
-        raise ValueError(
-            f"EmbeddingEngine: storage_dtype={value} needs backend 'triton' (CUDA tables with "
-            f"Triton installed), got backend {backend!r}; use storage_dtype=torch.float32 on "
-            "the CPU and reference backends"
-        )
-    return value
-
-
-@dataclass(frozen=True, eq=False)
-class PreparedBatch:
-    """A batch validated and converted by :meth:`EmbeddingEngine.prepare`.
-
-    Preparing is pure work on the inputs (no table is read), so it can run in another thread
-    while the previous step computes; ``enqueue`` and ``forward`` accept the result.
-    """
-
-    batches: tuple[FeatureBatch, ...]
-    engine: int  # id() of the engine that prepared it
-
-
-class EmbeddingEngine(QueueStyle, nn.Module):
+class EmbeddingEngine(EnqueueDequeue, nn.Module):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
     Args:
@@ -87,11 +60,12 @@ class EmbeddingEngine(QueueStyle, nn.Module):
             table's name.
         device: where tables, slots and activations live (default CPU).
         backend: kernel backend, ``"auto"`` or a name in ``embcore.ops.BACKENDS``.
-        pipeline_execution_with_tensor_core: pipelined training (SPEC 4.5): step N's update
-            is applied after step N+1's lookup, so step N+1's activations do not include step
-            N's update (one step stale). Faster on hardware that overlaps the two; not
-            equivalent to the default. ``pipeline`` is a short alias.
-        profile_data_directory: collect lookup statistics (SPEC 4.6) on about
+        pipeline: pipelined training (docs/semantics.md §4.5): step N's update is applied
+            after step N+1's lookup, so step N+1's activations do not include step N's update
+            (one step stale). Faster on hardware that overlaps the two; not equivalent to the
+            default. ``pipeline_execution_with_tensor_core`` is TF's name for it (either may
+            be given; both must then agree).
+        profile_data_directory: collect lookup statistics (docs/semantics.md §4.6) on about
             ``profile_sample_rate`` of the batches; :meth:`write_statistics` writes them there.
         non_finite_gradients: ``"raise"`` (default): a NaN or Inf activation gradient raises
             ``ValueError`` naming the feature and table, and nothing is updated; ``"skip"``:
@@ -99,10 +73,11 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         storage_dtype: how tables are stored: ``torch.float32`` (default), or
             ``torch.float16`` / ``torch.bfloat16`` with the ``"triton"`` backend (float32 slots
             and optimizer math, rows rounded once when stored; docs/gpu_backend.md).
-        plan: an ``embcore.sharding.ShardingPlan``. Under an initialized process group of
-            several ranks (``torchrun``) the engine shards its tables over the ranks, by this
-            plan or by the planner's, and computes what one process computes on all ranks'
-            batches (docs/sharding.md).
+        plan: an ``embcore.sharding.ShardingPlan``: shard the tables by it. Under an
+            initialized process group of several ranks (``torchrun``) the engine shards its
+            tables over the ranks, by this plan or by the planner's, and computes what one
+            process computes on all ranks' batches (docs/sharding.md).
+        process_group: shard over this group instead of the default one.
 
     Example::
 
@@ -121,13 +96,14 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         seed: int = 0,
         device: torch.device | str | None = None,
         backend: str = "auto",
-        pipeline_execution_with_tensor_core: bool = False,
         pipeline: bool | None = None,
+        pipeline_execution_with_tensor_core: bool | None = None,
         profile_data_directory: str | None = None,
         profile_sample_rate: float = 0.03,
-        plan: Any = None,
         non_finite_gradients: str = "raise",
         storage_dtype: torch.dtype = torch.float32,
+        plan: Any = None,
+        process_group: Any = None,
     ) -> None:
         super().__init__()
         self._features, self._tables = resolve(feature_config, optimizer)
@@ -135,96 +111,38 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         self.seed = check_int("EmbeddingEngine", "seed", seed, minimum=0)
         device = torch.device("cpu" if device is None else device)
         self.backend = ops.default_backend(device) if backend == "auto" else backend
-        ops.get_backend(self.backend)
-        self.storage_dtype = _storage_dtype(storage_dtype, self.backend)
-        if plan is not None:
-            raise ValueError(
-                f"{type(self).__name__}: plan= is for the sharded engine; construct "
-                "embcore.EmbeddingEngine (or embcore.sharding.ShardedEmbeddingEngine) with it"
-            )
-        self._build_tables(device)
+        self._backend = ops.resolve(self.backend)
+        self.storage_dtype = check_storage_dtype(storage_dtype, self._backend)
+        self.pipelined = pipelining(pipeline, pipeline_execution_with_tensor_core)
+        self.non_finite_gradients = check_policy(non_finite_gradients)
+        config = StoreConfig(
+            tuple(self._tables),
+            self.seed,
+            device,
+            self._backend,
+            self.storage_dtype,
+            feature_config,
+            optimizer,
+        )
+        self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
-        self._pending: Pending | None = None
-        if pipeline is not None and bool(pipeline) != bool(pipeline_execution_with_tensor_core):
-            if pipeline_execution_with_tensor_core:
-                raise ValueError(
-                    "EmbeddingEngine: pipeline and pipeline_execution_with_tensor_core disagree; "
-                    "pass only one of them"
-                )
-            pipeline_execution_with_tensor_core = bool(pipeline)
-        if non_finite_gradients not in ("raise", "skip"):
-            raise ValueError(
-                "EmbeddingEngine: non_finite_gradients must be 'raise' or 'skip', got "
-                f"{non_finite_gradients!r}"
-            )
-        self.non_finite_gradients = non_finite_gradients
         self.skipped_steps = 0
-        self.pipelined = bool(pipeline_execution_with_tensor_core)
-        self._deferred: tuple[list[FeatureBatch], list[Tensor], list[float]] | None = None
-        # pipelined on the CPU, the deferred update runs on a background thread (the CPU
-        # backend's kernels release the GIL) while the caller computes; ``_wait`` joins it
-        self._inflight: Future | None = None
-        self._states_cache: tuple[tuple[Tensor, ...], list[ops.TableState]] | None = None
+        self._pending: Pending | None = None
+        self._pipeline = UpdatePipeline(self._apply_update)
         self._stats = None
         if profile_data_directory is not None:
-            tables = [
-                StatsTable(t.name, t.vocabulary_size, t.dim, len(t.features)) for t in self._tables
-            ]
             self._stats = StatsCollector(
-                profile_data_directory, tables, sample_rate=profile_sample_rate, seed=self.seed
+                profile_data_directory,
+                self.store.stats_tables(),
+                sample_rate=profile_sample_rate,
+                seed=self.seed,
+                world_size=self.store.comm.world,
             )
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> EmbeddingEngine:
-        # Under a process group of several ranks, or given plan=, build the sharded engine
-        # (embcore.sharding): the same interface, with the tables split over the ranks.
-        if cls is EmbeddingEngine and (args or kwargs):
-            from embcore.sharding.engine import ShardedEmbeddingEngine, wants_sharding
-
-            if wants_sharding(kwargs):
-                cls = ShardedEmbeddingEngine
-        return super().__new__(cls)
-
-    # ----------------------------------------------------------------------------- state
-    def _build_tables(self, device: torch.device) -> None:
-        """Create every table and its slots (the sharded engine creates only its shards)."""
-        for table in self._tables:
-            cfg = table.config
-            weight = initial_rows(
-                table.name, cfg.vocabulary_size, cfg.dim, cfg.initializer, self.seed
-            ).to(device=device, dtype=self.storage_dtype)
-            self.register_buffer(f"_w{table.index}", weight)
-            for name, value in initial_slots(table, weight).items():
-                self.register_buffer(f"_s{table.index}_{name}", value)
-
-    def _weight(self, table: ResolvedTable) -> Tensor:
-        return getattr(self, f"_w{table.index}")
-
-    def _slots(self, table: ResolvedTable) -> dict[str, Tensor]:
-        if table.optimizer is None:
-            return {}
-        return {
-            s.name: getattr(self, f"_s{table.index}_{s.name}") for s in table.optimizer.slot_specs()
-        }
-
-    def _state(self, table: ResolvedTable) -> ops.TableState:
-        return ops.TableState(table.name, self._weight(table), self._slots(table), table.optimizer)
-
-    def _states(self) -> list[ops.TableState]:
-        """Every table's state, rebuilt only when a buffer was replaced (``.to()``, assignment):
-        backends cache per-state work (descriptors, checks) on these objects."""
-        buffers = tuple(self._buffers.values())
-        cached = self._states_cache
-        if (
-            cached is None
-            or len(cached[0]) != len(buffers)
-            or any(a is not b for a, b in zip(cached[0], buffers, strict=True))
-        ):
-            cached = self._states_cache = (buffers, [self._state(t) for t in self._tables])
-        return cached[1]
-
+    # ------------------------------------------------------------------------ properties
     @property
     def device(self) -> torch.device:
-        return self._weight(self._tables[0]).device
+        return self.store.device
 
     @property
     def feature_names(self) -> list[str]:
@@ -243,21 +161,43 @@ class EmbeddingEngine(QueueStyle, nn.Module):
 
     @property
     def embedding_tables(self) -> dict[str, Tensor]:
-        """``{table name: (vocab, dim) float32}``, the live tensors."""
-        self._wait()
-        return {t.name: self._weight(t) for t in self._tables}
+        """``{table name: (vocab, dim)}``: the live tensors of one process; with sharded
+        tables, full copies gathered on every rank (a collective: every rank must ask)."""
+        self._pipeline.wait()
+        full = self.store.gather([(t.index, "weight") for t in self._tables])
+        return {t.name: w for t, w in zip(self._tables, full, strict=True)}
 
     @property
     def slot_variables(self) -> dict[str, dict[str, Tensor]]:
-        """``{table name: {slot name: tensor}}``, the live tensors (``{}`` for SGD)."""
-        self._wait()
-        return {t.name: self._slots(t) for t in self._tables}
+        """``{table name: {slot name: tensor}}`` (``{}`` for SGD), as :attr:`embedding_tables`."""
+        self._pipeline.wait()
+        names = [(t, stored_names(t)[1:]) for t in self._tables]
+        full = iter(self.store.gather([(t.index, n) for t, slots in names for n in slots]))
+        return {t.name: {n: next(full) for n in slots} for t, slots in names}
 
     @property
     def step(self) -> int:
         """Number of updates applied so far."""
-        self._wait()
+        self._pipeline.wait()
         return int(self._step)
+
+    @property
+    def plan(self) -> Any:
+        """The ``ShardingPlan`` of sharded tables (``None`` in one process)."""
+        return self.store.plan
+
+    @property
+    def rank(self) -> int:
+        return self.store.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.store.comm.world
+
+    @property
+    def comm_stats(self) -> Any:
+        """This rank's cumulative communication (bytes sent and received, collectives)."""
+        return self.store.comm.stats
 
     def extra_repr(self) -> str:
         parts = [
@@ -265,23 +205,21 @@ class EmbeddingEngine(QueueStyle, nn.Module):
             f"{type(t.optimizer).__name__ if t.optimizer else 'no optimizer'}"
             for t in self._tables
         ]
-        return f"backend={self.backend!r}, tables=[{'; '.join(parts)}]"
+        return self.store.describe(f"backend={self.backend!r}, tables=[{'; '.join(parts)}]")
 
     # ------------------------------------------------------------------------ state dict
-    def _state_keys(self, prefix: str) -> dict[str, str]:
-        """State-dict key -> buffer name: ``{table}.weight``, ``{table}.{slot}``, ``step``."""
-        keys = {f"{prefix}step": "_step"}
-        for t in self._tables:
-            keys[f"{prefix}{t.name}.weight"] = f"_w{t.index}"
-            for name in self._slots(t):
-                keys[f"{prefix}{t.name}.{name}"] = f"_s{t.index}_{name}"
-        return keys
+    def _state_items(self) -> dict[str, tuple[int, str]]:
+        """State-dict key (without prefix) -> ``(table index, tensor name)``."""
+        return {f"{t.name}.{n}": (t.index, n) for t in self._tables for n in stored_names(t)}
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """``step``, then ``{table}.weight`` and ``{table}.{slot}``: full logical tensors
+        (gathered from every rank for sharded tables: a collective)."""
         self.flush()  # a checkpoint drains the pipeline, as a TPU training loop ends drained
-        for key, buffer in self._state_keys(prefix).items():
-            value = getattr(self, buffer)
-            destination[key] = value if keep_vars else value.detach()
+        destination[f"{prefix}step"] = self._step if keep_vars else self._step.detach()
+        items = self._state_items()
+        for key, value in zip(items, self.store.gather(list(items.values())), strict=True):
+            destination[prefix + key] = value if keep_vars else value.detach()
 
     def _load_from_state_dict(
         self,
@@ -293,33 +231,39 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         unexpected_keys: list,
         error_msgs: list,
     ) -> None:
-        keys = self._state_keys(prefix)
+        items = {prefix + k: v for k, v in self._state_items().items()}
+        expected = {f"{prefix}step": ()} | {k: self.store.shape(*v) for k, v in items.items()}
         errors, missing = [], []
-        for key, buffer in keys.items():
+        for key, shape in expected.items():
             if key not in state_dict:
                 missing.append(key)
                 continue
-            value, current = state_dict[key], getattr(self, buffer)
-            if not isinstance(value, Tensor) or value.shape != current.shape:
-                shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                errors.append(f"{key}: expected shape {tuple(current.shape)}, got {shape}")
-        unexpected = [k for k in state_dict if k.startswith(prefix) and k not in keys]
+            value = state_dict[key]
+            if not isinstance(value, Tensor) or tuple(value.shape) != shape:
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                errors.append(f"{key}: expected shape {shape}, got {got}")
+        unexpected = [k for k in state_dict if k.startswith(prefix) and k not in expected]
         missing_keys.extend(missing)
         unexpected_keys.extend(unexpected)
         error_msgs.extend(errors)
         if errors or (strict and (missing or unexpected)):
             return  # load nothing: a failed load leaves the engine as it was
-        self._wait()
+        self._pipeline.wait()
         with torch.no_grad():
-            for key, buffer in keys.items():
-                if key in state_dict:
-                    getattr(self, buffer).copy_(state_dict[key])
-        self._deferred = None  # an update computed before the load no longer applies
+            self.store.load_full([(*v, state_dict[k]) for k, v in items.items() if k in state_dict])
+            if f"{prefix}step" in state_dict:
+                self._step.copy_(state_dict[f"{prefix}step"])
+        self.discard_pending()
+
+    def discard_pending(self) -> None:
+        """Drop a pipelined update not yet applied and a batch between ``enqueue`` and
+        ``apply_gradients``: what replacing the tables' values (a load) requires."""
+        self._pipeline.discard()
         self._pending = None
 
     # ---------------------------------------------------------------------------- inputs
     def _prepare(self, features: Any, weights: Any) -> list[FeatureBatch]:
-        ids = nest.map_up_to(self._structure, features, "features", is_leaf=is_feature)
+        ids = self._flatten(features, "features")
         if weights is None:
             ws: list[Any] = [None] * len(ids)
         else:
@@ -334,6 +278,9 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         if self._stats is not None:
             self._stats.maybe_observe(self._by_table(batches))
         return batches
+
+    def _flatten(self, structure: Any, what: str) -> list[Any]:
+        return nest.map_up_to(self._structure, structure, what, is_leaf=is_feature)
 
     def prepare(self, features: Any, weights: Any = None) -> PreparedBatch:
         """Validate and convert a batch ahead of time (see :class:`PreparedBatch`)."""
@@ -354,27 +301,21 @@ class EmbeddingEngine(QueueStyle, nn.Module):
     def _lookup(self, batches: list[FeatureBatch], out: Tensor | None = None) -> list[Tensor]:
         """``(S_f, dim)`` activations of every feature, flat in feature order; with ``out``
         (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices."""
-        self._wait()
+        self._pipeline.wait()
         slices = None
         if out is not None:
             flat_out = out.view(-1, len(batches), out.shape[-1])
             slices = self._by_table([flat_out[:, f, :] for f in range(len(batches))])
         with torch.no_grad():
-            per_table = ops.lookup(
-                self.backend, self._states(), self._by_table(batches), out=slices
-            )
+            per_table = self.store.lookup(self._by_table(batches), slices)
         # pipelined: the previous step's update lands after this step's lookup; on the CPU it
         # runs in the background while the caller computes on these activations
-        if self._deferred is not None and self.device.type == "cpu":
-            deferred, self._deferred = self._deferred, None
-            self._inflight = _update_thread.submit(self._apply_update, *deferred)
-        else:
-            self.flush()
-        out: list[Tensor | None] = [None] * len(batches)
+        self._pipeline.after_lookup(self.store.background_updates)
+        flat: list[Tensor | None] = [None] * len(batches)
         for t, acts in zip(self._tables, per_table, strict=True):
             for i, act in zip(t.features, acts, strict=True):
-                out[i] = act
-        return out  # type: ignore[return-value]
+                flat[i] = act
+        return flat  # type: ignore[return-value]
 
     def _pack(self, flat: list[Tensor], batches: list[FeatureBatch]) -> Any:
         shaped = [
@@ -392,73 +333,37 @@ class EmbeddingEngine(QueueStyle, nn.Module):
             )
 
     # --------------------------------------------------------------------------- updates
-    def _learning_rates(self) -> list[float]:
-        """One rate per table; each distinct callable is called once per step (SPEC 3.13)."""
-        values: dict[int, float] = {}
-        rates = []
-        for t in self._tables:
-            lr = t.optimizer.learning_rate  # type: ignore[union-attr]
-            if callable(lr):
-                if id(lr) not in values:
-                    values[id(lr)] = float(lr())
-                rates.append(values[id(lr)])
-            else:
-                rates.append(float(lr))
-        return rates
-
-    def _check_gradient(self, feature: ResolvedFeature, batch: FeatureBatch, grad: Any) -> Tensor:
-        """A ``(S, dim) float32`` gradient on the table's device, or a clear error."""
-        dim = self._tables[feature.table].dim
-        expected = (*batch.output_shape, dim)
-        if grad is None:
-            return torch.zeros(batch.num_samples, dim, device=self.device)
-        if not isinstance(grad, Tensor):
-            raise ValueError(
-                f"gradient for feature '{feature.name}': found non-tensor type "
-                f"{type(grad).__name__}, expected a tensor of shape {expected}"
-            )
-        if tuple(grad.shape) != expected:
-            raise ValueError(
-                f"gradient for feature '{feature.name}': expected shape {expected} (the "
-                f"activation's), got {tuple(grad.shape)}"
-            )
-        if not grad.is_floating_point():
-            raise TypeError(
-                f"gradient for feature '{feature.name}': expected a float tensor, got {grad.dtype}"
-            )
-        grad = grad.detach().to(device=self.device, dtype=torch.float32)
-        grad = grad.reshape(batch.num_samples, dim)
-        return grad
+    def _check(
+        self, batches: list[FeatureBatch], grads: list[Any]
+    ) -> tuple[list[Tensor], Exception | None]:
+        """Each feature's gradient as ``(S, dim) float32``, and the first invalid one's error."""
+        return check_gradients(self._features, self._tables, batches, grads, self.device)
 
     def _update(
-        self, batches: list[FeatureBatch], grads: list[Tensor], whole: Tensor | None = None
+        self,
+        batches: list[FeatureBatch],
+        grads: list[Tensor],
+        error: Exception | None = None,
+        whole: Tensor | None = None,
     ) -> None:
-        """Apply one optimizer step to every table (gradients already checked); pipelined,
-        keep it until after the next lookup. The learning rates are read now, with the step's
-        gradients (SPEC 3.13). ``whole``, when given, holds every gradient (a stacked one):
-        it is checked for NaN and Inf in one contiguous pass, the features only if it fails."""
-        bad = []
-        if whole is None or ops.non_finite(self.backend, [whole])[0]:
-            bad = [
-                f"'{f.name}' (table '{self._tables[f.table].name}')"
-                for f, nonfinite in zip(
-                    self._features, ops.non_finite(self.backend, grads), strict=True
-                )
-                if nonfinite
-            ]
-        if bad:
+        """Apply one optimizer step to every table (or, pipelined, keep it until after the
+        next lookup), once every rank agrees its gradients are valid and finite. The learning
+        rates are read now, with the step's gradients (docs/semantics.md §3.13). ``whole``,
+        when given, holds every gradient (a stacked one), checked in one contiguous pass."""
+        bad = (
+            []
+            if error
+            else non_finite_features(self._backend, self._features, self._tables, grads, whole)
+        )
+        ranks = self.store.agree(error, bool(bad))
+        if ranks:
             if self.non_finite_gradients == "raise":
-                raise ValueError(
-                    f"gradients for features {', '.join(bad)} have NaN or Inf values; the tables "
-                    "were not updated (non_finite_gradients='skip' drops such steps instead)"
-                )
+                raise non_finite_error(bad, ranks)
             self.skipped_steps += 1
             return
-        rates = self._learning_rates()
+        rates = learning_rates(self._tables)
         if self.pipelined:
-            if self._deferred is not None:  # two updates with no lookup between them
-                self.flush()
-            self._deferred = (batches, grads, rates)  # a background update may still run
+            self._pipeline.defer(batches, grads, rates)  # a background update may still run
         else:
             self._apply_update(batches, grads, rates)
 
@@ -466,38 +371,24 @@ class EmbeddingEngine(QueueStyle, nn.Module):
         self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]
     ) -> None:
         with torch.no_grad():
-            ops.update(
-                self.backend,
-                self._states(),
-                self._by_table(batches),
-                self._by_table(grads),
-                rates,
-                int(self._step) + 1,
-            )
+            step = int(self._step) + 1
+            self.store.update(self._by_table(batches), self._by_table(grads), rates, step)
             self._step += 1
-
-    def _wait(self) -> None:
-        """Join a pipelined update running in the background (re-raising its error)."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            inflight.result()
 
     def flush(self) -> None:
         """Apply a pipelined update still waiting for the next lookup (no-op otherwise)."""
-        self._wait()
-        if self._deferred is not None:
-            deferred, self._deferred = self._deferred, None
-            self._apply_update(*deferred)
+        self._pipeline.flush()
 
     def write_statistics(self) -> list[str]:
-        """Write the lookup statistics collected so far (``profile_data_directory``)."""
+        """Write the lookup statistics collected so far (``profile_data_directory``); with
+        sharded tables a collective, rank 0 writing every rank's statistics summed."""
         if self._stats is None:
             raise RuntimeError(
                 "EmbeddingEngine.write_statistics: no profile_data_directory was given"
             )
-        return [str(p) for p in self._stats.flush()]
+        return [str(p) for p in self.store.write_statistics(self._stats)]
 
-    # -------------------------------------------------------------------- PyTorch style
+    # ------------------------------------------------------------------------- PyTorch
     def forward(self, features: Any, weights: Any = None) -> Any:
         """Look up a batch; in training mode under autograd, ``backward`` applies the update.
 
