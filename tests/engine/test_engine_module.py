@@ -82,3 +82,31 @@ def test_module_wide_dtype_casts_keep_tables_and_slots_as_configured():
     assert emb.embedding_tables["t"].dtype == torch.float32
     state = emb.state_dict()
     assert state["t.weight"].dtype == state["t.accumulators"].dtype == torch.float32
+
+
+def test_a_half_precision_store_stays_half_through_float_and_moves():
+    """A store keeps each table in the dtype it was built with (here float16 rows, float32
+    slots) through ``.float()`` / ``.double()``, while ``share_memory`` and moves apply."""
+    from embcore import ops
+    from embcore.config import resolve
+    from embcore.engine._local import LocalStore
+    from embcore.engine._store import StoreConfig
+
+    table = ec.TableConfig(vocabulary_size=4, dim=3, name="t")
+    features = {"f": ec.FeatureConfig(table=table)}
+    _, tables = resolve(features, ec.Adagrad(learning_rate=LR))
+    config = StoreConfig(
+        tuple(tables),
+        0,
+        torch.device("cpu"),
+        ops.resolve("reference"),
+        torch.float16,
+        features,
+        None,
+    )
+    store = LocalStore(config)
+    before = store.gather([(0, "weight")])[0].clone()
+    store.float().double().to("cpu").share_memory()
+    weight, acc = store.gather([(0, "weight"), (0, "accumulators")])
+    assert weight.dtype == torch.float16 and acc.dtype == torch.float32
+    assert weight.is_shared() and torch.equal(weight, before)

@@ -324,14 +324,6 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
         ]
         return nest.pack(self._structure, shaped, is_leaf=is_feature)
 
-    def _require_optimizers(self, what: str) -> None:
-        missing = [t.name for t in self._tables if t.optimizer is None]
-        if missing:
-            raise RuntimeError(
-                f"EmbeddingEngine.{what}: tables {missing} have no optimizer; pass optimizer= to "
-                "the engine or to their TableConfig, or use training=False"
-            )
-
     # --------------------------------------------------------------------------- updates
     def _check(
         self, batches: list[FeatureBatch], grads: list[Any]

@@ -116,3 +116,11 @@ class EnqueueDequeue:
             )
         self._update(pending.batches, grads, error)
         self._pending = None
+
+    def _require_optimizers(self, what: str) -> None:
+        missing = [t.name for t in self._tables if t.optimizer is None]
+        if missing:
+            raise RuntimeError(
+                f"EmbeddingEngine.{what}: tables {missing} have no optimizer; pass optimizer= to "
+                "the engine or to their TableConfig, or use training=False"
+            )
