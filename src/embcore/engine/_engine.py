@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from embcore import nest, ops
 from embcore._validate import check_int
-from embcore.config import ResolvedTable, resolve
+from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature
 from embcore.engine._enqueue import EnqueueDequeue, Pending
@@ -34,8 +34,11 @@ from embcore.engine._gradients import (
 )
 from embcore.engine._pipeline import UpdatePipeline, pipelining
 from embcore.engine._rates import learning_rates
+from embcore.engine._state_dict import check_state_dict, state_items
 from embcore.engine._store import (
+    CounterTensor,
     StoreConfig,
+    StoredTensor,
     TableStore,
     check_storage_dtype,
     make_store,
@@ -160,6 +163,11 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
         return tuple(self._tables)
 
     @property
+    def features(self) -> tuple[ResolvedFeature, ...]:
+        """The resolved features, in :attr:`feature_names` order (their tables by index)."""
+        return tuple(self._features)
+
+    @property
     def embedding_tables(self) -> dict[str, Tensor]:
         """``{table name: (vocab, dim)}``: the live tensors of one process; with sharded
         tables, full copies gathered on every rank (a collective: every rank must ask)."""
@@ -208,16 +216,12 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
         return self.store.describe(f"backend={self.backend!r}, tables=[{'; '.join(parts)}]")
 
     # ------------------------------------------------------------------------ state dict
-    def _state_items(self) -> dict[str, tuple[int, str]]:
-        """State-dict key (without prefix) -> ``(table index, tensor name)``."""
-        return {f"{t.name}.{n}": (t.index, n) for t in self._tables for n in stored_names(t)}
-
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         """``step``, then ``{table}.weight`` and ``{table}.{slot}``: full logical tensors
         (gathered from every rank for sharded tables: a collective)."""
         self.flush()  # a checkpoint drains the pipeline, as a TPU training loop ends drained
         destination[f"{prefix}step"] = self._step if keep_vars else self._step.detach()
-        items = self._state_items()
+        items = state_items(self._tables)
         for key, value in zip(items, self.store.gather(list(items.values())), strict=True):
             destination[prefix + key] = value if keep_vars else value.detach()
 
@@ -231,18 +235,9 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
         unexpected_keys: list,
         error_msgs: list,
     ) -> None:
-        items = {prefix + k: v for k, v in self._state_items().items()}
+        items = {prefix + k: v for k, v in state_items(self._tables).items()}
         expected = {f"{prefix}step": ()} | {k: self.store.shape(*v) for k, v in items.items()}
-        errors, missing = [], []
-        for key, shape in expected.items():
-            if key not in state_dict:
-                missing.append(key)
-                continue
-            value = state_dict[key]
-            if not isinstance(value, Tensor) or tuple(value.shape) != shape:
-                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                errors.append(f"{key}: expected shape {shape}, got {got}")
-        unexpected = [k for k in state_dict if k.startswith(prefix) and k not in expected]
+        missing, unexpected, errors = check_state_dict(state_dict, prefix, expected)
         missing_keys.extend(missing)
         unexpected_keys.extend(unexpected)
         error_msgs.extend(errors)
@@ -254,6 +249,11 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
             if f"{prefix}step" in state_dict:
                 self._step.copy_(state_dict[f"{prefix}step"])
         self.discard_pending()
+
+    def checkpoint_tensors(self) -> list[StoredTensor]:
+        """``step`` and every stored tensor (:meth:`TableStore.tensors`), as checkpoints
+        write and read them (call :meth:`flush` first, :meth:`discard_pending` after a load)."""
+        return [CounterTensor("step", self._step, self.store.comm.rank), *self.store.tensors()]
 
     def discard_pending(self) -> None:
         """Drop a pipelined update not yet applied and a batch between ``enqueue`` and

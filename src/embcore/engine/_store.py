@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STORES",
     "Chunks",
+    "CounterTensor",
     "StoreConfig",
     "StoredTensor",
     "TableStore",
@@ -116,6 +117,24 @@ class StoredTensor(Protocol):
     def finish_load(self, chunks: Chunks) -> None:
         """Move the boxes :meth:`load_chunks` returned, now filled, into place."""
         ...
+
+
+class CounterTensor:
+    """A 0-d counter every rank holds alike (the engine's step), as a stored tensor: rank 0
+    writes it, every rank reads it."""
+
+    def __init__(self, key: str, tensor: Tensor, rank: int) -> None:
+        self.key, self.shape, self.dtype = key, (), tensor.dtype
+        self._tensor, self._rank = tensor, rank
+
+    def chunks(self) -> Chunks:
+        return [((), self._tensor)] if self._rank == 0 else []
+
+    def load_chunks(self) -> Chunks:
+        return [((), self._tensor)]
+
+    def finish_load(self, chunks: Chunks) -> None:
+        """Nothing to move: the load wrote into the counter itself."""
 
 
 class TableStore(Protocol):
