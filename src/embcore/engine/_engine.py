@@ -253,7 +253,7 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
     def checkpoint_tensors(self) -> list[StoredTensor]:
         """``step`` and every stored tensor (:meth:`TableStore.tensors`), as checkpoints
         write and read them (call :meth:`flush` first, :meth:`discard_pending` after a load)."""
-        return [CounterTensor("step", self._step, self.store.comm.rank), *self.store.tensors()]
+        return [CounterTensor("step", self._step), *self.store.tensors()]
 
     def discard_pending(self) -> None:
         """Drop a pipelined update not yet applied and a batch between ``enqueue`` and

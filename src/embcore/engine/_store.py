@@ -106,7 +106,8 @@ class StoredTensor(Protocol):
     dtype: torch.dtype
 
     def chunks(self) -> Chunks:
-        """The boxes this rank writes; together the ranks' boxes cover the tensor once.
+        """The boxes this rank writes; together the ranks' boxes cover the tensor once (a
+        whole tensor that every rank holds alike may be offered by each: it is written once).
         May communicate: every rank calls it, for every tensor, in the same order."""
         ...
 
@@ -120,15 +121,15 @@ class StoredTensor(Protocol):
 
 
 class CounterTensor:
-    """A 0-d counter every rank holds alike (the engine's step), as a stored tensor: rank 0
-    writes it, every rank reads it."""
+    """A 0-d counter every rank holds alike (the engine's step), as a stored tensor: each rank
+    offers the whole value (a checkpoint writes one copy) and every rank reads it."""
 
-    def __init__(self, key: str, tensor: Tensor, rank: int) -> None:
+    def __init__(self, key: str, tensor: Tensor) -> None:
         self.key, self.shape, self.dtype = key, (), tensor.dtype
-        self._tensor, self._rank = tensor, rank
+        self._tensor = tensor
 
     def chunks(self) -> Chunks:
-        return [((), self._tensor)] if self._rank == 0 else []
+        return [((), self._tensor)]
 
     def load_chunks(self) -> Chunks:
         return [((), self._tensor)]
