@@ -1,6 +1,6 @@
 """Math every backend and the sharded schemes share: the per-id multiplier of a pooled lookup.
 
-See docs/semantics.md §2.1 for the combiners.
+See docs/semantics.md §2.3 for the combiners.
 """
 
 from __future__ import annotations

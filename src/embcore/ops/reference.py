@@ -1,12 +1,12 @@
 """The reference backend: plain PyTorch, written to be read, and the yardstick of every kernel.
 
-Forward (SPEC 2.1): ``activation[s] = sum_j gain_j * table[id_j]`` over the ids of sample ``s``,
-with ``gain_j = w_j * scale(s)`` and ``scale`` 1 for sum, ``1/sum(w)`` for mean and
-``1/sqrt(sum(w^2))`` for sqrtn (0 when the denominator is 0).
+Forward (docs/semantics.md §2.3): ``activation[s] = sum_j gain_j * table[id_j]`` over the ids
+of sample ``s``, with ``gain_j = w_j * scale(s)`` and ``scale`` 1 for sum, ``1/sum(w)`` for
+mean and ``1/sqrt(sum(w^2))`` for sqrtn (0 when the denominator is 0).
 
-Update (SPEC 3.1, 7): every occurrence of a row, over all features of the table, adds
-``gain_j * dL/dactivation[s]`` to that row's gradient; then the optimizer runs once per touched
-row (every row for non-lazy optimizers). Rows nobody touched are not written.
+Update (docs/semantics.md §3.1, §7): every occurrence of a row, over all features of the table,
+adds ``gain_j * dL/dactivation[s]`` to that row's gradient; then the optimizer runs once per
+touched row (every row for non-lazy optimizers). Rows nobody touched are not written.
 """
 
 from __future__ import annotations
