@@ -76,7 +76,7 @@ def default_backend(device: torch.device) -> str:
     return "reference"
 
 
-def _backend(backend: str | Backend) -> Backend:
+def _resolved(backend: str | Backend) -> Backend:
     # a name (the sharding schemes), or what resolve() returned once (the engine's stores)
     return resolve(backend) if isinstance(backend, str) else backend
 
@@ -94,7 +94,7 @@ def lookup(
             activations into (their rows may be strided: slices of a stacked output); they
             are returned.
     """
-    module = _backend(backend)
+    module = _resolved(backend)
     if out is None:
         return module.lookup(states, features)
     if module.LOOKUP_WRITES_OUT:
@@ -114,9 +114,9 @@ def update(
     step: int,
 ) -> None:
     """One optimizer step for every table, on the rows its features touched (in place)."""
-    _backend(backend).update(states, features, grads, lrs, step)
+    _resolved(backend).update(states, features, grads, lrs, step)
 
 
 def non_finite(backend: str | Backend, tensors: Sequence[Tensor]) -> list[bool]:
     """For each tensor, whether it holds a NaN or an Inf."""
-    return _backend(backend).non_finite(tensors)
+    return _resolved(backend).non_finite(tensors)
