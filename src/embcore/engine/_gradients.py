@@ -97,7 +97,7 @@ def non_finite_features(
     ]
 
 
-def non_finite_error(features: list[str], ranks: list[int]) -> ValueError:
+def non_finite_error(features: list[str], ranks: Sequence[int]) -> ValueError:
     """The error of the ``"raise"`` policy: this rank's features, or the other ranks."""
     if features:
         return ValueError(
@@ -105,6 +105,6 @@ def non_finite_error(features: list[str], ranks: list[int]) -> ValueError:
             "were not updated (non_finite_gradients='skip' drops such steps instead)"
         )
     return ValueError(
-        f"gradients on rank(s) {ranks} have NaN or Inf values; no rank updated its tables "
+        f"gradients on rank(s) {list(ranks)} have NaN or Inf values; no rank updated its tables "
         "(non_finite_gradients='skip' drops such steps instead)"
     )

@@ -148,10 +148,10 @@ class LocalStore(nn.Module):
     ) -> None:
         ops.update(self.backend, self._states(), features, grads, rates, step)
 
-    def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
+    def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:
         if error is not None:
             raise error
-        return [0] if non_finite else []
+        return (0,) if non_finite else ()
 
     # ---------------------------------------------------------------- whole tensors
     def gather(self, items: Sequence[tuple[int, str]]) -> list[Tensor]:

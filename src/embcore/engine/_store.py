@@ -188,7 +188,7 @@ class TableStore(Protocol):
         ``step``: 1-based count of updates, this one included)."""
         ...
 
-    def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
+    def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:
         """Settle a step's gradient checks on every rank before any update.
 
         Raises ``error`` (this rank's invalid gradient), or ``RuntimeError`` when another
