@@ -144,3 +144,15 @@ def test_a_registered_store_checkpoints_without_changes_elsewhere(monkeypatch, t
     assert fresh.step == 2
     for key, value in local.state_dict().items():
         np.testing.assert_array_equal(fresh.state_dict()[key].numpy(), value.numpy())
+
+
+def test_the_store_is_chosen_in_init_by_composition():
+    assert "__new__" not in vars(ec.EmbeddingEngine)
+    table = ec.TableConfig(vocabulary_size=4, dim=2, name="t")
+    features = {"f": ec.FeatureConfig(table=table)}
+    plan = ec.sharding.plan(features, 1)
+    local, sharded = ec.EmbeddingEngine(features), ec.EmbeddingEngine(features, plan=plan)
+    assert type(local) is type(sharded) is ec.EmbeddingEngine
+    assert (local.store.name, sharded.store.name) == ("local", "sharded")
+    assert isinstance(sharded, ec.sharding.ShardedEmbeddingEngine)
+    assert not isinstance(local, ec.sharding.ShardedEmbeddingEngine)
