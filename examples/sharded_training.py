@@ -64,7 +64,7 @@ def main() -> None:
 
     engine = ec.EmbeddingEngine(fc, optimizer)  # sharded: a process group is initialized
     if rank == 0:
-        print(f"{type(engine).__name__} over {world} ranks")
+        print(f"{engine.store.engine_name} over {world} ranks")  # the tables are sharded
         schemes = [s.scheme for s in engine.plan.tables.values()]
         print({s: schemes.count(s) for s in sorted(set(schemes))})
     local = args.batch_size // world

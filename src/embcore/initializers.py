@@ -1,4 +1,5 @@
-"""Table initialization, deterministic and independent of sharding (SPEC pitfall 27).
+"""Table initialization, deterministic and independent of sharding (docs/semantics.md §6,
+pitfall 27).
 
 The default initializer is a truncated normal with mean 0 and std ``1/sqrt(dim)``, cut at two
 standard deviations. Rows are drawn in fixed blocks of :data:`BLOCK_ROWS` (the last block of a

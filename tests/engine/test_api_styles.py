@@ -87,7 +87,7 @@ def engines(case: OptCase, backend: str, count: int = 2, seed: int = 4):
 
 
 def seeds_step(engine: ec.EmbeddingEngine, batch, grads, use_autograd: bool):
-    """One step in the seeds' style; returns the activations."""
+    """One step with enqueue, dequeue and apply_gradients; returns the activations."""
     engine.enqueue(batch.features, weights=batch.weights)
     acts = engine.dequeue()
     if use_autograd:  # the dequeued activations are leaves: autograd gives the gradients

@@ -52,3 +52,61 @@ def test_a_replaced_buffer_is_what_the_engine_updates():
     model = nn.ModuleDict({"emb": emb}).double().float()  # replaces every buffer
     train_once(model["emb"], [0, 4])
     np.testing.assert_array_equal(emb.embedding_tables["t"].numpy(), expected_after([[0], [0, 4]]))
+
+
+def test_module_wide_dtype_casts_keep_tables_and_slots_as_configured():
+    """``model.half()``, ``.double()`` and ``.to(torch.float64)`` cast the dense layers only:
+    the engine's tables and slots keep their float32 values bit for bit and keep training."""
+    third = np.float32(1.0 / 3.0)  # not a float16 value: a round trip through half would show
+    table = ec.TableConfig(
+        vocabulary_size=5, dim=2, name="t", initializer=lambda shape: torch.full(shape, third)
+    )
+    emb = ec.EmbeddingEngine(
+        {"f": ec.FeatureConfig(table=table)}, optimizer=ec.Adagrad(learning_rate=LR)
+    )
+    model = nn.ModuleDict({"emb": emb, "dense": nn.Linear(2, 1)})
+    model.half()
+    assert model["dense"].weight.dtype == torch.float16
+    model.double()
+    assert model["dense"].weight.dtype == torch.float64
+    model.to(torch.float64)
+    assert emb.embedding_tables["t"].dtype == torch.float32
+    assert emb.slot_variables["t"]["accumulators"].dtype == torch.float32
+    np.testing.assert_array_equal(emb.embedding_tables["t"].numpy(), np.full((5, 2), third))
+
+    train_once(emb, [2])  # d(loss)/d(row 2) = 1 per column: Adagrad from accumulator 0.1
+    acc = np.float32(0.1) + np.float32(1.0)
+    want = np.full((5, 2), third)
+    want[2] = third - np.float32(LR) / np.sqrt(acc)
+    np.testing.assert_allclose(emb.embedding_tables["t"].numpy(), want, rtol=1e-6)
+    assert emb.embedding_tables["t"].dtype == torch.float32
+    state = emb.state_dict()
+    assert state["t.weight"].dtype == state["t.accumulators"].dtype == torch.float32
+
+
+def test_a_half_precision_store_stays_half_through_float_and_moves():
+    """A store keeps each table in the dtype it was built with (here float16 rows, float32
+    slots) through ``.float()`` / ``.double()``, while ``share_memory`` and moves apply."""
+    from embcore import ops
+    from embcore.config import resolve
+    from embcore.engine._local import LocalStore
+    from embcore.engine._store import StoreConfig
+
+    table = ec.TableConfig(vocabulary_size=4, dim=3, name="t")
+    features = {"f": ec.FeatureConfig(table=table)}
+    _, tables = resolve(features, ec.Adagrad(learning_rate=LR))
+    config = StoreConfig(
+        tuple(tables),
+        0,
+        torch.device("cpu"),
+        ops.resolve("reference"),
+        torch.float16,
+        features,
+        None,
+    )
+    store = LocalStore(config)
+    before = store.gather([(0, "weight")])[0].clone()
+    store.float().double().to("cpu").share_memory()
+    weight, acc = store.gather([(0, "weight"), (0, "accumulators")])
+    assert weight.dtype == torch.float16 and acc.dtype == torch.float32
+    assert weight.is_shared() and torch.equal(weight, before)

@@ -104,6 +104,19 @@ def test_pipeline_alias_and_conflict():
         ec.EmbeddingEngine(feats, pipeline=False, pipeline_execution_with_tensor_core=True)
 
 
+def test_one_pipelining_flag_under_both_names():
+    """``pipeline`` is the flag, ``pipeline_execution_with_tensor_core`` TF's name for it."""
+    table = ec.TableConfig(vocabulary_size=4, dim=2)
+    feats = {"f": ec.FeatureConfig(table=table)}
+    assert ec.EmbeddingEngine(feats, pipeline_execution_with_tensor_core=True).pipelined
+    assert not ec.EmbeddingEngine(feats, pipeline_execution_with_tensor_core=False).pipelined
+    assert ec.EmbeddingEngine(
+        feats, pipeline=True, pipeline_execution_with_tensor_core=True
+    ).pipelined
+    with pytest.raises(ValueError, match=r"pipeline=True and pipeline_execution_with_tensor_core="):
+        ec.EmbeddingEngine(feats, pipeline=True, pipeline_execution_with_tensor_core=False)
+
+
 def test_load_state_dict_drops_a_deferred_update():
     emb = make_engine(True)
     start = {k: v.clone() for k, v in emb.state_dict().items()}

@@ -10,9 +10,10 @@ Everything else in the package sees an engine only through :class:`EngineView`:
   before the load (a pending pipelined update, an enqueued batch);
 - ``describe()``, ``step``, ``world_size``, ``optimizer_types()``: what the manifest records.
 
-A local engine stores each tensor as one chunk at offset 0 (its live buffer, filled in place);
-a sharded engine lists the boxes each rank holds. When the engine becomes a front over a table
-store, only this module changes. See docs/reliability.md.
+The engine lists its tensors itself (``engine.checkpoint_tensors()``: the step, then its
+table store's): a local store gives each tensor as one chunk at offset 0 (its live buffer,
+filled in place), a sharded store the boxes each rank holds. See docs/reliability.md and
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -67,10 +68,6 @@ class StoredTensor:
         return self.key != "step" and not self.key.endswith(".weight")
 
 
-def _one_chunk(t: Tensor) -> Callable[[], Chunks]:
-    return lambda: [((0,) * t.dim(), t)]
-
-
 def _named(value: Any) -> Any:
     """A JSON value for a config field: callables by name, tuples as lists."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -92,17 +89,8 @@ class EngineView:
                 f"embcore.checkpoint.{what}: expected an EmbeddingEngine, got "
                 f"{type(engine).__name__}"
             )
-        from embcore.sharding.engine import ShardedEmbeddingEngine
-
         self._engine = engine
-        self._sharded = isinstance(engine, ShardedEmbeddingEngine)
-        # The group the checkpoint's ranks agree over (a plain engine: the default one).
-        self.comm: Comm = (
-            engine._comm  # type: ignore[attr-defined]
-            if self._sharded
-            else Comm(None, engine.device)
-        )
-        self._state: dict[str, Tensor] | None = None
+        self.comm: Comm = engine.store.comm  # the ranks that save or load together
 
     def flush(self) -> None:
         self._engine.flush()
@@ -113,50 +101,25 @@ class EngineView:
 
     @property
     def world_size(self) -> int:
-        return self.comm.world if self._sharded else 1
+        return self.comm.world
 
     def tensors(self) -> list[StoredTensor]:
         """Every tensor a checkpoint of this engine stores, ``step`` first."""
-        engine = self._engine
-        if not self._sharded:
-            self._state = state = dict(engine.state_dict())  # the live buffers (flushed)
-            return [
-                StoredTensor(
-                    key,
-                    tuple(t.shape),
-                    str(t.dtype).removeprefix("torch."),
-                    _one_chunk(t),
-                    _one_chunk(t),
-                    lambda chunks: None,
-                )
-                for key, t in sorted(state.items(), key=lambda kv: kv[0] != "step")
-            ]
-        step = engine._step  # type: ignore[attr-defined]
-        out = [StoredTensor("step", (), "int64", _one_chunk(step), _one_chunk(step), _noop)]
-        weight = str(engine.storage_dtype).removeprefix("torch.")  # type: ignore[attr-defined]
-        for key, table, name in engine._checkpoint_items():  # type: ignore[attr-defined]
-            out.append(
-                StoredTensor(
-                    key,
-                    table.logical_shape(name),
-                    weight if name == "weight" else "float32",  # slots are float32
-                    lambda table=table, name=name: table.save_chunks(name),
-                    lambda table=table, name=name: table.load_chunks(name),
-                    lambda chunks, table=table, name=name: table.finish_load(name, chunks),
-                )
+        return [
+            StoredTensor(
+                t.key,
+                t.shape,
+                str(t.dtype).removeprefix("torch."),
+                t.chunks,
+                t.load_chunks,
+                t.finish_load,
             )
-        return out
+            for t in self._engine.checkpoint_tensors()
+        ]
 
     def finish_load(self, keys: list[str]) -> None:
         """The tensors ``keys`` were filled: what was computed before the load is dropped."""
-        engine = self._engine
-        if self._sharded:
-            engine._deferred = None  # type: ignore[attr-defined]
-            engine._pending = None  # type: ignore[attr-defined]
-            return
-        assert self._state is not None, "tensors() first"
-        # Copies the buffers onto themselves and resets what a load resets (pending batches).
-        engine.load_state_dict({k: self._state[k] for k in keys}, strict=False)
+        self._engine.discard_pending()
 
     def optimizer_types(self) -> dict[str, str | None]:
         """``{table: optimizer class name}`` (``None``: lookup only)."""
@@ -168,7 +131,7 @@ class EngineView:
     def describe(self) -> dict[str, Any]:
         """The engine's configuration as JSON values: tables, features, sharding."""
         engine = self._engine
-        features = engine._features  # type: ignore[attr-defined]
+        features = engine.features
         tables = []
         for t in engine.tables:
             opt = t.optimizer
@@ -190,9 +153,9 @@ class EngineView:
                     "features": [features[i].name for i in t.features],
                 }
             )
-        plan = getattr(engine, "plan", None)
+        plan = engine.plan
         return {
-            "engine": {"class": type(engine).__name__, "seed": engine.seed},
+            "engine": {"class": engine.store.engine_name, "seed": engine.seed},
             "tables": tables,
             "features": [
                 {
@@ -205,7 +168,3 @@ class EngineView:
             ],
             "sharding": "single process" if plan is None else json.loads(plan.to_json()),
         }
-
-
-def _noop(chunks: Chunks) -> None:
-    pass

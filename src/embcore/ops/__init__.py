@@ -1,21 +1,11 @@
 """Kernels behind one dispatch point.
 
-Engine code calls :func:`lookup` and :func:`update` with a backend name and never imports a
-backend. Each call covers every table of one step, so that a fused backend can work across
-tables in one pass. A backend module defines:
-
-* ``lookup(states, features) -> list[list[Tensor]]``: for each table, one ``(S_f, dim)``
-  activation per feature of that table;
-* ``update(states, features, grads, lrs, step) -> None``: one optimizer step per table, in
-  place;
-* optionally ``non_finite(tensors) -> list[bool]``: which tensors hold a NaN or an Inf (the
-  reference's is used when a backend has none);
-* optionally ``LOOKUP_WRITES_OUT = True``, when its ``lookup`` takes ``out=`` (preallocated
-  outputs, e.g. the slices of one stacked tensor) and writes into it; otherwise the dispatch
-  copies;
-
-with the argument meanings of :mod:`embcore.ops.reference`, which is the readable yardstick
-every backend is tested against.
+Engine code calls :func:`lookup`, :func:`update` and :func:`non_finite` with a backend (its
+name, or the module :func:`resolve` returns once per engine) and never imports a backend.
+Each call covers every table of one step, so that a fused backend can work across tables in
+one pass. Every backend declares the whole :class:`Backend` contract, with the argument
+meanings of :mod:`embcore.ops.reference`, the readable yardstick every backend is tested
+against. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -29,32 +19,28 @@ import torch
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
+from embcore.ops._backend import BACKENDS, Backend, ResolvedBackend, resolve
+from embcore.ops._math import gains
 from embcore.ops.state import TableState
 
 __all__ = [
     "BACKENDS",
+    "Backend",
+    "ResolvedBackend",
     "TableState",
     "default_backend",
+    "gains",
     "get_backend",
     "lookup",
     "non_finite",
+    "resolve",
     "update",
 ]
 
-#: Backend name -> module path, imported lazily so optional dependencies stay optional.
-BACKENDS: dict[str, str] = {
-    "reference": "embcore.ops.reference",
-    "cpu": "embcore.ops.cpu",
-    "triton": "embcore.ops.triton",
-}
-
 
 def get_backend(name: str) -> ModuleType:
-    """Import a backend by name."""
-    if name not in BACKENDS:
-        raise NotImplementedError(
-            f"embcore.ops: unknown backend {name!r}; available: {sorted(BACKENDS)} or 'auto'"
-        )
+    """Import a backend module by name (:func:`resolve` gives what an engine holds)."""
+    resolve(name)  # checks the name and the module's contract
     return importlib.import_module(BACKENDS[name])
 
 
@@ -62,7 +48,7 @@ def get_backend(name: str) -> ModuleType:
 def _cpu_backend_loads() -> bool:
     """Whether the fused CPU backend imports (it needs Numba)."""
     try:
-        get_backend("cpu")
+        resolve("cpu")
     except ImportError:
         return False
     return True
@@ -90,8 +76,13 @@ def default_backend(device: torch.device) -> str:
     return "reference"
 
 
+def _resolved(backend: str | Backend) -> Backend:
+    # a name (the sharding schemes), or what resolve() returned once (the engine's stores)
+    return resolve(backend) if isinstance(backend, str) else backend
+
+
 def lookup(
-    backend: str,
+    backend: str | Backend,
     states: Sequence[TableState],
     features: Sequence[Sequence[FeatureBatch]],
     out: Sequence[Sequence[Tensor]] | None = None,
@@ -103,10 +94,10 @@ def lookup(
             activations into (their rows may be strided: slices of a stacked output); they
             are returned.
     """
-    module = get_backend(backend)
+    module = _resolved(backend)
     if out is None:
         return module.lookup(states, features)
-    if getattr(module, "LOOKUP_WRITES_OUT", False):
+    if module.LOOKUP_WRITES_OUT:
         return module.lookup(states, features, out=out)
     for dests, acts in zip(out, module.lookup(states, features), strict=True):
         for dest, act in zip(dests, acts, strict=True):
@@ -115,7 +106,7 @@ def lookup(
 
 
 def update(
-    backend: str,
+    backend: str | Backend,
     states: Sequence[TableState],
     features: Sequence[Sequence[FeatureBatch]],
     grads: Sequence[Sequence[Tensor]],
@@ -123,13 +114,9 @@ def update(
     step: int,
 ) -> None:
     """One optimizer step for every table, on the rows its features touched (in place)."""
-    get_backend(backend).update(states, features, grads, lrs, step)
+    _resolved(backend).update(states, features, grads, lrs, step)
 
 
-def non_finite(backend: str, tensors: Sequence[Tensor]) -> list[bool]:
+def non_finite(backend: str | Backend, tensors: Sequence[Tensor]) -> list[bool]:
     """For each tensor, whether it holds a NaN or an Inf."""
-    module = get_backend(backend)
-    check = getattr(module, "non_finite", None)
-    if check is None:
-        check = get_backend("reference").non_finite
-    return check(tensors)
+    return _resolved(backend).non_finite(tensors)

@@ -1,12 +1,12 @@
 """The reference backend: plain PyTorch, written to be read, and the yardstick of every kernel.
 
-Forward (SPEC 2.1): ``activation[s] = sum_j gain_j * table[id_j]`` over the ids of sample ``s``,
-with ``gain_j = w_j * scale(s)`` and ``scale`` 1 for sum, ``1/sum(w)`` for mean and
-``1/sqrt(sum(w^2))`` for sqrtn (0 when the denominator is 0).
+Forward (docs/semantics.md §2.3): ``activation[s] = sum_j gain_j * table[id_j]`` over the ids
+of sample ``s``, with ``gain_j = w_j * scale(s)`` and ``scale`` 1 for sum, ``1/sum(w)`` for
+mean and ``1/sqrt(sum(w^2))`` for sqrtn (0 when the denominator is 0).
 
-Update (SPEC 3.1, 7): every occurrence of a row, over all features of the table, adds
-``gain_j * dL/dactivation[s]`` to that row's gradient; then the optimizer runs once per touched
-row (every row for non-lazy optimizers). Rows nobody touched are not written.
+Update (docs/semantics.md §3.1, §7): every occurrence of a row, over all features of the table,
+adds ``gain_j * dL/dactivation[s]`` to that row's gradient; then the optimizer runs once per
+touched row (every row for non-lazy optimizers). Rows nobody touched are not written.
 """
 
 from __future__ import annotations
@@ -18,26 +18,25 @@ import torch
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
+from embcore.ops._math import gains
 from embcore.ops.state import TableState
 
-__all__ = ["gains", "lookup", "lookup_table", "non_finite", "update", "update_table"]
+__all__ = [
+    "LOOKUP_WRITES_OUT",
+    "NAME",
+    "STORAGE_DTYPES",
+    "gains",
+    "lookup",
+    "lookup_table",
+    "non_finite",
+    "update",
+    "update_table",
+]
 
-
-def gains(batch: FeatureBatch) -> Tensor:
-    """``(N,) float32``: the multiplier of each id, weight times its sample's combiner scale."""
-    seg = batch.segments()
-    w = batch.weights
-    if w is None:
-        w = torch.ones(batch.values.numel(), dtype=torch.float32, device=batch.values.device)
-    if batch.combiner == "sum":
-        return w
-    per_sample = w if batch.combiner == "mean" else w * w
-    denom = torch.zeros(batch.num_samples, dtype=torch.float32, device=w.device)
-    denom.index_add_(0, seg, per_sample)
-    if batch.combiner == "sqrtn":
-        denom = torch.sqrt(denom)
-    scale = torch.where(denom == 0, torch.zeros_like(denom), 1.0 / denom)
-    return w * scale[seg]
+NAME = "reference"
+STORAGE_DTYPES = (torch.float32,)
+#: ``lookup`` returns fresh activations (the dispatch copies them into ``out=``)
+LOOKUP_WRITES_OUT = False
 
 
 def non_finite(tensors: Sequence[Tensor]) -> list[bool]:

@@ -9,7 +9,8 @@ concatenation of all ranks' batches. See ``docs/sharding.md``.
 * :mod:`~embcore.sharding.planner`: :func:`plan`, :func:`estimate` (the cost model);
 * :mod:`~embcore.sharding.schemes`: :data:`SCHEMES`, one module per scheme;
 * :mod:`~embcore.sharding.maps`: the ``div``/``mod`` row maps;
-* :mod:`~embcore.sharding.engine`: :class:`ShardedEmbeddingEngine`.
+* :mod:`~embcore.sharding._store`: :class:`ShardedStore`, where a sharded engine keeps its
+  tables; :mod:`~embcore.sharding.engine`: the ``ShardedEmbeddingEngine`` compatibility name.
 """
 
 from embcore.sharding.plan import ShardingPlan, TableShard
@@ -29,7 +30,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # The engine imports embcore.engine, which imports this package lazily; resolve it late.
+    # ShardedEmbeddingEngine imports embcore.engine, which `import embcore` loads without
+    # loading this package (whose planner imports are heavier): resolve it on first use.
     if name == "ShardedEmbeddingEngine":
         from embcore.sharding.engine import ShardedEmbeddingEngine
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
-from embcore.ops.reference import gains
+from embcore.ops import gains
 from embcore.sharding.comm import Exchange, Inbox
 
 __all__ = [

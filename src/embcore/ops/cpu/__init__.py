@@ -39,7 +39,10 @@ with kernels_cached_in(kernel_cache_dir()):
     from embcore.ops.cpu.rules import RULES
     from embcore.ops.cpu.rules._rows import common_row, float32_rows
 
-__all__ = ["lookup", "non_finite", "update"]
+__all__ = ["LOOKUP_WRITES_OUT", "NAME", "STORAGE_DTYPES", "lookup", "non_finite", "update"]
+
+NAME = "cpu"
+STORAGE_DTYPES = (torch.float32,)
 
 
 def _raise_bad_ids(

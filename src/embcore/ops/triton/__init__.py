@@ -37,7 +37,20 @@ from embcore.ops.triton.finite import non_finite
 from embcore.ops.triton.rules import RULES
 from embcore.ops.triton.storage import STORAGE_CODES
 
-__all__ = ["MAX_DIM", "lookup", "non_finite", "update"]
+__all__ = [
+    "LOOKUP_WRITES_OUT",
+    "MAX_DIM",
+    "NAME",
+    "STORAGE_DTYPES",
+    "lookup",
+    "non_finite",
+    "update",
+]
+
+NAME = "triton"
+STORAGE_DTYPES = tuple(STORAGE_CODES)
+#: ``lookup`` returns fresh activations (the dispatch copies them into ``out=``)
+LOOKUP_WRITES_OUT = False
 
 #: the widest row a program holds in registers
 MAX_DIM = 4096

@@ -1,10 +1,10 @@
-"""The PyTorch-style training path: a lookup whose backward applies the engine's update.
+"""The PyTorch training path: a lookup whose backward applies the engine's update.
 
 ``EmbeddingEngine.forward`` in training mode returns the activations of
 :class:`LookupWithUpdate`, and ``EmbeddingEngine.stacked`` the one tensor of
 :class:`StackedLookupWithUpdate`; autograd's backward hands them d(loss)/d(activation)
 (``None`` for unused outputs, read as zeros) and they run the same update as
-``apply_gradients``, once.
+``apply_gradients``, once. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ def _apply_once(ctx: Any, grads: list[Tensor | None], whole: Tensor | None = Non
             "applied (do not retain_graph through the engine)"
         )
     engine: Any = ctx.engine
-    checked = []
-    for f, b, g in zip(engine._features, ctx.batches, grads, strict=True):
-        if g is not None:
-            g = g.reshape(*b.output_shape, engine._tables[f.table].dim)
-        checked.append(engine._check_gradient(f, b, g))
-    if whole is None:
-        engine._update(ctx.batches, checked)
-    else:
-        engine._update(ctx.batches, checked, whole=whole)
+    shaped = [
+        g if g is None else g.reshape(*b.output_shape, engine._tables[f.table].dim)
+        for f, b, g in zip(engine._features, ctx.batches, grads, strict=True)
+    ]
+    checked, error = engine._check(ctx.batches, shaped)
+    engine._update(ctx.batches, checked, error, whole)
     ctx.applied = True
 
 

@@ -1,9 +1,10 @@
-"""The seeds' style of training: ``enqueue`` a batch, ``dequeue`` its activations, then
-``apply_gradients`` with d(loss)/d(activation), as the TPU embedding API does.
+"""The TPU embedding API's calls: ``enqueue`` a batch, ``dequeue`` its activations, then
+``apply_gradients`` with d(loss)/d(activation).
 
-:class:`QueueStyle` gives :class:`embcore.EmbeddingEngine` these three methods; they use the
-engine's own steps (``_batches``, ``_lookup``, ``_pack``, ``_check_gradient``, ``_update``),
-so the update is exactly the one the PyTorch style's ``backward`` applies.
+:class:`EnqueueDequeue` gives :class:`embcore.EmbeddingEngine` these three methods. They run
+the engine's own lookup and update (``_batches``, ``_lookup``, ``_pack``, ``_check``,
+``_update``), so the update is exactly the one ``loss.backward()`` applies after ``forward``.
+See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,16 +13,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from embcore import nest
-from embcore.config import FeatureConfig
 from embcore.inputs import FeatureBatch
 
-__all__ = ["Pending", "QueueStyle", "is_feature"]
-
-
-def is_feature(x: Any) -> bool:
-    """Whether ``x`` is a leaf of a feature-config structure."""
-    return isinstance(x, FeatureConfig)
+__all__ = ["EnqueueDequeue", "Pending"]
 
 
 @dataclass
@@ -33,8 +27,8 @@ class Pending:
     dequeued: bool = False
 
 
-class QueueStyle:
-    """``enqueue`` / ``dequeue`` / ``apply_gradients`` of an engine (a mixin)."""
+class EnqueueDequeue:
+    """``enqueue`` / ``dequeue`` / ``apply_gradients`` of :class:`EmbeddingEngine`."""
 
     _pending: Pending | None
 
@@ -93,7 +87,7 @@ class QueueStyle:
         Args:
             gradients: the structure of the feature config, each entry a tensor shaped like
                 its activation, or ``None`` for zeros (which still touch the looked-up rows:
-                Adam, AdagradMomentum and FTRL rows move, SPEC 3.15).
+                Adam, AdagradMomentum and FTRL rows move, docs/semantics.md §3.15).
 
         Raises:
             RuntimeError: no training batch was enqueued and dequeued.
@@ -110,18 +104,23 @@ class QueueStyle:
             raise RuntimeError(
                 "EmbeddingEngine.apply_gradients: call dequeue() before apply_gradients()"
             )
-        flat = nest.map_up_to(self._structure, gradients, "gradients", is_leaf=is_feature)
+        flat = self._flatten(gradients, "gradients")
         none = [f.name for f, g in zip(self._features, flat, strict=True) if g is None]
-        grads = [
-            self._check_gradient(f, b, g)
-            for f, b, g in zip(self._features, pending.batches, flat, strict=True)
-        ]
-        if none:
+        grads, error = self._check(pending.batches, flat)
+        if none and error is None:
             warnings.warn(
                 f"EmbeddingEngine.apply_gradients: no gradient for features {none}; zeros are "
                 "applied, which still update the looked-up rows of optimizers with state",
                 UserWarning,
                 stacklevel=2,
             )
-        self._update(pending.batches, grads)
+        self._update(pending.batches, grads, error)
         self._pending = None
+
+    def _require_optimizers(self, what: str) -> None:
+        missing = [t.name for t in self._tables if t.optimizer is None]
+        if missing:
+            raise RuntimeError(
+                f"EmbeddingEngine.{what}: tables {missing} have no optimizer; pass optimizer= to "
+                "the engine or to their TableConfig, or use training=False"
+            )

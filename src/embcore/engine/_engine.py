@@ -1,0 +1,445 @@
+"""The embedding engine: tables, slots, lookups and in-engine updates, over a table store.
+
+Two ways to train, with identical results:
+
+* the TPU embedding API's calls: ``enqueue(batch)``, ``dequeue()`` for the activations, then
+  ``apply_gradients(grads)`` with d(loss)/d(activation);
+* PyTorch's: ``acts = engine(batch)``; ``loss.backward()`` runs the same update inside
+  autograd's backward pass.
+
+Either way the engine sums every row's gradient over all its occurrences (all features sharing
+the table, all samples) and then applies the table's optimizer once per touched row
+(docs/semantics.md §3.1). The tables live in a store (:mod:`embcore.engine._store`) chosen
+when the engine is built; see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from embcore import nest, ops
+from embcore._validate import check_int
+from embcore.config import ResolvedFeature, ResolvedTable, resolve
+from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
+from embcore.engine._batch import PreparedBatch, is_feature
+from embcore.engine._enqueue import EnqueueDequeue, Pending
+from embcore.engine._gradients import (
+    check_gradients,
+    check_policy,
+    non_finite_error,
+    non_finite_features,
+)
+from embcore.engine._pipeline import UpdatePipeline, pipelining
+from embcore.engine._rates import learning_rates
+from embcore.engine._state_dict import check_state_dict, state_items
+from embcore.engine._store import (
+    CounterTensor,
+    StoreConfig,
+    StoredTensor,
+    TableStore,
+    check_rounding,
+    check_storage_dtype,
+    make_store,
+    stored_names,
+)
+from embcore.inputs import FeatureBatch, to_feature_batch
+from embcore.optimizers.base import Optimizer
+from embcore.stats import StatsCollector
+
+__all__ = ["EmbeddingEngine"]
+
+
+class EmbeddingEngine(EnqueueDequeue, nn.Module):
+    """Embedding tables with their optimizers, looked up and trained as on a TPU.
+
+    Args:
+        feature_config: a :class:`FeatureConfig`, or any nesting of dicts, lists and tuples of
+            them; activations come back in the same structure (dict keys in any order).
+        optimizer: the global optimizer for tables without their own; ``None`` allows
+            lookup-only tables (training them raises).
+        seed: seeds the default initializer; a table's values depend only on the seed and the
+            table's name.
+        device: where tables, slots and activations live (default CPU).
+        backend: kernel backend, ``"auto"`` or a name in ``embcore.ops.BACKENDS``.
+        pipeline: pipelined training (docs/semantics.md §4.5): step N's update is applied
+            after step N+1's lookup, so step N+1's activations do not include step N's update
+            (one step stale). Faster on hardware that overlaps the two; not equivalent to the
+            default. ``pipeline_execution_with_tensor_core`` is TF's name for it (either may
+            be given; both must then agree).
+        profile_data_directory: collect lookup statistics (docs/semantics.md §4.6) on about
+            ``profile_sample_rate`` of the batches; :meth:`write_statistics` writes them there.
+        non_finite_gradients: ``"raise"`` (default): a NaN or Inf activation gradient raises
+            ``ValueError`` naming the feature and table, and nothing is updated; ``"skip"``:
+            the step's update is dropped and counted in :attr:`skipped_steps`.
+        storage_dtype: how tables are stored: ``torch.float32`` (default), or
+            ``torch.float16`` / ``torch.bfloat16`` with the ``"triton"`` backend (float32 slots
+            and optimizer math, rows rounded once when stored; docs/gpu_backend.md).
+        stochastic_rounding: round half-precision rows stochastically (unbiased) instead of
+            to nearest when they are stored; needs a float16 / bfloat16 ``storage_dtype``.
+        plan: an ``embcore.sharding.ShardingPlan``: shard the tables by it. Under an
+            initialized process group of several ranks (``torchrun``) the engine shards its
+            tables over the ranks, by this plan or by the planner's, and computes what one
+            process computes on all ranks' batches (docs/sharding.md).
+        process_group: shard over this group instead of the default one.
+
+    Example::
+
+        video = ec.TableConfig(vocabulary_size=1000, dim=8, name="video")
+        emb = ec.EmbeddingEngine({"watched": ec.FeatureConfig(table=video)},
+                                 optimizer=ec.Adagrad(learning_rate=0.1))
+        acts = emb({"watched": torch.tensor([3, 7])})       # {"watched": (2, 8)}
+        acts["watched"].sum().backward()                    # updates rows 3 and 7
+    """
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Optimizer | None = None,
+        *,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        backend: str = "auto",
+        pipeline: bool | None = None,
+        pipeline_execution_with_tensor_core: bool | None = None,
+        profile_data_directory: str | None = None,
+        profile_sample_rate: float = 0.03,
+        non_finite_gradients: str = "raise",
+        storage_dtype: torch.dtype = torch.float32,
+        stochastic_rounding: bool = False,
+        plan: Any = None,
+        process_group: Any = None,
+    ) -> None:
+        super().__init__()
+        self._features, self._tables = resolve(feature_config, optimizer)
+        self._structure = feature_config
+        self.seed = check_int("EmbeddingEngine", "seed", seed, minimum=0)
+        device = torch.device("cpu" if device is None else device)
+        self.backend = ops.default_backend(device) if backend == "auto" else backend
+        self._backend = ops.resolve(self.backend)
+        self.storage_dtype = check_storage_dtype(storage_dtype, self._backend)
+        self.stochastic_rounding = check_rounding(stochastic_rounding, self.storage_dtype)
+        self.pipelined = pipelining(pipeline, pipeline_execution_with_tensor_core)
+        self.non_finite_gradients = check_policy(non_finite_gradients)
+        config = StoreConfig(
+            tuple(self._tables),
+            self.seed,
+            device,
+            self._backend,
+            self.storage_dtype,
+            feature_config,
+            optimizer,
+            stochastic_rounding,
+        )
+        self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
+        self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
+        self.skipped_steps = 0
+        self._pending: Pending | None = None
+        self._pipeline = UpdatePipeline(self._apply_update)
+        self._stats = None
+        if profile_data_directory is not None:
+            self._stats = StatsCollector(
+                profile_data_directory,
+                self.store.stats_tables(),
+                sample_rate=profile_sample_rate,
+                seed=self.seed,
+                world_size=self.store.comm.world,
+            )
+
+    # ------------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return self.store.device
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Feature names in ``tf.nest`` order (the order of activations and gradients)."""
+        return [f.name for f in self._features]
+
+    @property
+    def table_names(self) -> list[str]:
+        """Table names in order of first use."""
+        return [t.name for t in self._tables]
+
+    @property
+    def tables(self) -> tuple[ResolvedTable, ...]:
+        """The resolved tables: final names, optimizers and the features that read them."""
+        return tuple(self._tables)
+
+    @property
+    def features(self) -> tuple[ResolvedFeature, ...]:
+        """The resolved features, in :attr:`feature_names` order (their tables by index)."""
+        return tuple(self._features)
+
+    @property
+    def embedding_tables(self) -> dict[str, Tensor]:
+        """``{table name: (vocab, dim)}``: the live tensors of one process; with sharded
+        tables, full copies gathered on every rank (a collective: every rank must ask)."""
+        self._pipeline.wait()
+        full = self.store.gather([(t.index, "weight") for t in self._tables])
+        return {t.name: w for t, w in zip(self._tables, full, strict=True)}
+
+    @property
+    def slot_variables(self) -> dict[str, dict[str, Tensor]]:
+        """``{table name: {slot name: tensor}}`` (``{}`` for SGD), as :attr:`embedding_tables`."""
+        self._pipeline.wait()
+        names = [(t, stored_names(t)[1:]) for t in self._tables]
+        full = iter(self.store.gather([(t.index, n) for t, slots in names for n in slots]))
+        return {t.name: {n: next(full) for n in slots} for t, slots in names}
+
+    @property
+    def step(self) -> int:
+        """Number of updates applied so far."""
+        self._pipeline.wait()
+        return int(self._step)
+
+    @property
+    def plan(self) -> Any:
+        """The ``ShardingPlan`` of sharded tables (``None`` in one process)."""
+        return self.store.plan
+
+    @property
+    def rank(self) -> int:
+        return self.store.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.store.comm.world
+
+    @property
+    def comm_stats(self) -> Any:
+        """This rank's cumulative communication (bytes sent and received, collectives)."""
+        return self.store.comm.stats
+
+    def extra_repr(self) -> str:
+        parts = [
+            f"{t.name}: {t.vocabulary_size}x{t.dim} {t.combiner} "
+            f"{type(t.optimizer).__name__ if t.optimizer else 'no optimizer'}"
+            for t in self._tables
+        ]
+        return self.store.describe(f"backend={self.backend!r}, tables=[{'; '.join(parts)}]")
+
+    # ------------------------------------------------------------------------ state dict
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """``step``, then ``{table}.weight`` and ``{table}.{slot}``: full logical tensors
+        (gathered from every rank for sharded tables: a collective)."""
+        self.flush()  # a checkpoint drains the pipeline, as a TPU training loop ends drained
+        destination[f"{prefix}step"] = self._step if keep_vars else self._step.detach()
+        items = state_items(self._tables)
+        for key, value in zip(items, self.store.gather(list(items.values())), strict=True):
+            destination[prefix + key] = value if keep_vars else value.detach()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict,
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list,
+        unexpected_keys: list,
+        error_msgs: list,
+    ) -> None:
+        items = {prefix + k: v for k, v in state_items(self._tables).items()}
+        expected = {f"{prefix}step": ()} | {k: self.store.shape(*v) for k, v in items.items()}
+        missing, unexpected, errors = check_state_dict(state_dict, prefix, expected)
+        missing_keys.extend(missing)
+        unexpected_keys.extend(unexpected)
+        error_msgs.extend(errors)
+        if errors or (strict and (missing or unexpected)):
+            return  # load nothing: a failed load leaves the engine as it was
+        self._pipeline.wait()
+        with torch.no_grad():
+            self.store.load_full([(*v, state_dict[k]) for k, v in items.items() if k in state_dict])
+            if f"{prefix}step" in state_dict:
+                self._step.copy_(state_dict[f"{prefix}step"])
+        self.discard_pending()
+
+    def checkpoint_tensors(self) -> list[StoredTensor]:
+        """``step`` and every stored tensor (:meth:`TableStore.tensors`), as checkpoints
+        write and read them (call :meth:`flush` first, :meth:`discard_pending` after a load)."""
+        return [CounterTensor("step", self._step), *self.store.tensors()]
+
+    def discard_pending(self) -> None:
+        """Drop a pipelined update not yet applied and a batch between ``enqueue`` and
+        ``apply_gradients``: what replacing the tables' values (a load) requires."""
+        self._pipeline.discard()
+        self._pending = None
+
+    # ---------------------------------------------------------------------------- inputs
+    def _prepare(self, features: Any, weights: Any) -> list[FeatureBatch]:
+        ids = self._flatten(features, "features")
+        if weights is None:
+            ws: list[Any] = [None] * len(ids)
+        else:
+            ws = nest.map_up_to(
+                self._structure, weights, "weights", is_leaf=is_feature, missing_ok=True
+            )
+        device = self.device
+        batches = [
+            to_feature_batch(f, self._tables[f.table], x, w, device)
+            for f, x, w in zip(self._features, ids, ws, strict=True)
+        ]
+        if self._stats is not None:
+            self._stats.maybe_observe(self._by_table(batches))
+        return batches
+
+    def _flatten(self, structure: Any, what: str) -> list[Any]:
+        return nest.map_up_to(self._structure, structure, what, is_leaf=is_feature)
+
+    def prepare(self, features: Any, weights: Any = None) -> PreparedBatch:
+        """Validate and convert a batch ahead of time (see :class:`PreparedBatch`)."""
+        return PreparedBatch(tuple(self._prepare(features, weights)), id(self))
+
+    def _batches(self, features: Any, weights: Any) -> list[FeatureBatch]:
+        if not isinstance(features, PreparedBatch):
+            return self._prepare(features, weights)
+        if features.engine != id(self):
+            raise ValueError("EmbeddingEngine: this PreparedBatch was prepared by another engine")
+        if weights is not None:
+            raise ValueError("EmbeddingEngine: pass weights to prepare(), not with a PreparedBatch")
+        return list(features.batches)
+
+    def _by_table(self, flat: list[Any]) -> list[list[Any]]:
+        return [[flat[i] for i in t.features] for t in self._tables]
+
+    def _lookup(self, batches: list[FeatureBatch], out: Tensor | None = None) -> list[Tensor]:
+        """``(S_f, dim)`` activations of every feature, flat in feature order; with ``out``
+        (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices."""
+        self._pipeline.wait()
+        slices = None
+        if out is not None:
+            flat_out = out.view(-1, len(batches), out.shape[-1])
+            slices = self._by_table([flat_out[:, f, :] for f in range(len(batches))])
+        with torch.no_grad():
+            per_table = self.store.lookup(self._by_table(batches), slices)
+        # pipelined: the previous step's update lands after this step's lookup; on the CPU it
+        # runs in the background while the caller computes on these activations
+        self._pipeline.after_lookup(self.store.background_updates)
+        flat: list[Tensor | None] = [None] * len(batches)
+        for t, acts in zip(self._tables, per_table, strict=True):
+            for i, act in zip(t.features, acts, strict=True):
+                flat[i] = act
+        return flat  # type: ignore[return-value]
+
+    def _pack(self, flat: list[Tensor], batches: list[FeatureBatch]) -> Any:
+        shaped = [
+            a.view(*b.output_shape, self._tables[f.table].dim)
+            for a, b, f in zip(flat, batches, self._features, strict=True)
+        ]
+        return nest.pack(self._structure, shaped, is_leaf=is_feature)
+
+    # --------------------------------------------------------------------------- updates
+    def _check(
+        self, batches: list[FeatureBatch], grads: list[Any]
+    ) -> tuple[list[Tensor], Exception | None]:
+        """Each feature's gradient as ``(S, dim) float32``, and the first invalid one's error."""
+        return check_gradients(self._features, self._tables, batches, grads, self.device)
+
+    def _update(
+        self,
+        batches: list[FeatureBatch],
+        grads: list[Tensor],
+        error: Exception | None = None,
+        whole: Tensor | None = None,
+    ) -> None:
+        """Apply one optimizer step to every table (or, pipelined, keep it until after the
+        next lookup), once every rank agrees its gradients are valid and finite. The learning
+        rates are read now, with the step's gradients (docs/semantics.md §3.13). ``whole``,
+        when given, holds every gradient (a stacked one), checked in one contiguous pass."""
+        bad = (
+            []
+            if error
+            else non_finite_features(self._backend, self._features, self._tables, grads, whole)
+        )
+        ranks = self.store.agree(error, bool(bad))
+        if ranks:
+            if self.non_finite_gradients == "raise":
+                raise non_finite_error(bad, ranks)
+            self.skipped_steps += 1
+            return
+        rates = learning_rates(self._tables, self._step + 1)
+        if self.pipelined:
+            self._pipeline.defer(batches, grads, rates)  # a background update may still run
+        else:
+            self._apply_update(batches, grads, rates)
+
+    def _apply_update(
+        self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]
+    ) -> None:
+        with torch.no_grad():
+            step = int(self._step) + 1
+            self.store.update(self._by_table(batches), self._by_table(grads), rates, step)
+            self._step += 1
+
+    def flush(self) -> None:
+        """Apply a pipelined update still waiting for the next lookup (no-op otherwise)."""
+        self._pipeline.flush()
+
+    def write_statistics(self) -> list[str]:
+        """Write the lookup statistics collected so far (``profile_data_directory``); with
+        sharded tables a collective, rank 0 writing every rank's statistics summed."""
+        if self._stats is None:
+            raise RuntimeError(
+                "EmbeddingEngine.write_statistics: no profile_data_directory was given"
+            )
+        return [str(p) for p in self.store.write_statistics(self._stats)]
+
+    # ------------------------------------------------------------------------- PyTorch
+    def forward(self, features: Any, weights: Any = None) -> Any:
+        """Look up a batch; in training mode under autograd, ``backward`` applies the update.
+
+        Args and returns as :meth:`enqueue` and :meth:`dequeue`. Outside training mode, under
+        ``torch.no_grad()``, or with lookup-only tables, this is a plain lookup.
+        """
+        batches = self._batches(features, weights)
+        if not self._trains():
+            return self._pack(self._lookup(batches), batches)
+        anchor = torch.zeros(0, requires_grad=True)
+        flat = LookupWithUpdate.apply(anchor, self, batches)
+        return self._pack(list(flat), batches)
+
+    def _trains(self) -> bool:
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and all(t.optimizer is not None for t in self._tables)
+        )
+
+    def stacked(self, features: Any, weights: Any = None) -> Tensor:
+        """Look up a batch into one tensor: feature ``f``'s activation at ``[..., f, :]``.
+
+        Where every feature has the same output shape and dim (a DLRM's categorical fields),
+        this is ``torch.stack(list_of_activations, dim=-2)`` without the copy, forward or
+        backward: the kernels write each feature's rows straight into their slice, and the
+        backward reads the gradient's slices in place. Training works as in :meth:`forward`.
+
+        Args:
+            features, weights: as :meth:`forward` (or a :class:`PreparedBatch`).
+
+        Returns:
+            ``(*output_shape, F, dim) float32``, features in :attr:`feature_names` order;
+            ``(B, F, dim)`` for pooled features.
+
+        Raises:
+            ValueError: the features differ in output shape or dim (naming them).
+        """
+        batches = self._batches(features, weights)
+        first = self._features[0]
+        shape, dim = batches[0].output_shape, self._tables[first.table].dim
+        for f, b in zip(self._features, batches, strict=True):
+            if b.output_shape != shape or self._tables[f.table].dim != dim:
+                raise ValueError(
+                    f"EmbeddingEngine.stacked: feature '{f.name}' has output shape "
+                    f"{b.output_shape} and dim {self._tables[f.table].dim}, but feature "
+                    f"'{first.name}' has {shape} and {dim}; stacked() needs every feature to "
+                    "share both (use forward() for mixed features)"
+                )
+        shape = (*shape, len(batches), dim)
+        if not self._trains():
+            out = torch.empty(shape, dtype=torch.float32, device=self.device)
+            self._lookup(batches, out=out)
+            return out
+        anchor = torch.zeros(0, requires_grad=True)
+        return StackedLookupWithUpdate.apply(anchor, self, batches, shape)

@@ -1,0 +1,184 @@
+"""Every table in this process: the store of a single-process engine.
+
+Each table's weight and slots are buffers of this module (so ``.to(device)`` and
+``share_memory()`` move them with the model); the backend works on :class:`ops.TableState`
+views of them. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from embcore import ops
+from embcore.engine._store import Chunks, StoreConfig, stored_names
+from embcore.initializers import initial_rows, initial_slots
+from embcore.inputs import FeatureBatch
+from embcore.stats import StatsCollector, StatsTable
+
+if TYPE_CHECKING:
+    from embcore.sharding.comm import Comm
+
+__all__ = ["LocalStore", "LocalTensor"]
+
+
+class LocalTensor:
+    """A stored tensor of a local store: one chunk at offset 0, loaded in place."""
+
+    def __init__(self, key: str, tensor: Tensor) -> None:
+        self.key = key
+        self.shape = tuple(tensor.shape)
+        self.dtype = tensor.dtype
+        self._tensor = tensor
+
+    def chunks(self) -> Chunks:
+        return [((0,) * len(self.shape), self._tensor)]
+
+    def load_chunks(self) -> Chunks:
+        return self.chunks()
+
+    def finish_load(self, chunks: Chunks) -> None:
+        """Nothing to move: the load wrote into the table itself."""
+
+
+class LocalStore(nn.Module):
+    """The tables of one process, as buffers ``w{t}`` (weight) and ``s{t}_{slot}``.
+
+    Module-wide dtype casts (``model.half()``, ``model.double()``, ``.to(torch.float64)``)
+    leave the tables and slots in their configured dtypes; device moves apply.
+    """
+
+    name: ClassVar[str] = "local"
+    engine_name: ClassVar[str] = "EmbeddingEngine"
+
+    def __init__(self, config: StoreConfig, plan: Any = None, process_group: Any = None) -> None:
+        super().__init__()
+        if plan is not None or process_group is not None:
+            raise ValueError("LocalStore: plan= and process_group= are for the sharded store")
+        self.tables = config.tables
+        self.backend = config.backend
+        self.stochastic_rounding = config.stochastic_rounding
+        for table in self.tables:
+            cfg = table.config
+            weight = initial_rows(
+                table.name, cfg.vocabulary_size, cfg.dim, cfg.initializer, config.seed
+            ).to(device=config.device, dtype=config.storage_dtype)
+            self.register_buffer(f"w{table.index}", weight)
+            for name, value in initial_slots(table, weight).items():
+                self.register_buffer(f"s{table.index}_{name}", value)
+        self._states_cache: tuple[tuple[Tensor, ...], list[ops.TableState]] | None = None
+
+    # ----------------------------------------------------------------------------- state
+    def _tensor(self, table: int, name: str) -> Tensor:
+        return getattr(self, f"w{table}" if name == "weight" else f"s{table}_{name}")
+
+    def _states(self) -> list[ops.TableState]:
+        """Every table's state, rebuilt only when a buffer was replaced (``.to()``, assignment):
+        backends cache per-state work (descriptors, checks) on these objects."""
+        buffers = tuple(self._buffers.values())
+        cached = self._states_cache
+        if (
+            cached is None
+            or len(cached[0]) != len(buffers)
+            or any(a is not b for a, b in zip(cached[0], buffers, strict=True))
+        ):
+            states = [
+                ops.TableState(
+                    t.name,
+                    self._tensor(t.index, "weight"),
+                    {n: self._tensor(t.index, n) for n in stored_names(t)[1:]},
+                    t.optimizer,
+                    self.stochastic_rounding,
+                )
+                for t in self.tables
+            ]
+            cached = self._states_cache = (buffers, states)
+        return cached[1]
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> nn.Module:
+        # Module-wide casts must not change how tables are stored: a cast (seen on an empty
+        # probe) becomes a plain move of the original, lossless; other functions (device
+        # moves, share_memory) apply as they are.
+        def keep_dtype(t: Tensor) -> Tensor:
+            probe = fn(t.new_empty(0))
+            if probe.dtype == t.dtype:
+                return fn(t)
+            return t.to(device=probe.device)
+
+        return super()._apply(keep_dtype, recurse)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """Nothing: the engine writes the tables under its own keys."""
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the engine loads the tables from its own keys."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.w0.device
+
+    @property
+    def comm(self) -> Comm:
+        from embcore.sharding.comm import Comm  # the sharding package loads on first use
+
+        return Comm(None, self.device)
+
+    @property
+    def plan(self) -> None:
+        return None
+
+    @property
+    def background_updates(self) -> bool:
+        return self.device.type == "cpu"  # the CPU kernels release the GIL
+
+    # ------------------------------------------------------------------------ the step
+    def lookup(
+        self, features: Sequence[Sequence[FeatureBatch]], out: Sequence[Sequence[Tensor]] | None
+    ) -> list[list[Tensor]]:
+        return ops.lookup(self.backend, self._states(), features, out=out)
+
+    def update(
+        self,
+        features: Sequence[Sequence[FeatureBatch]],
+        grads: Sequence[Sequence[Tensor]],
+        rates: Sequence[float],
+        step: int,
+    ) -> None:
+        ops.update(self.backend, self._states(), features, grads, rates, step)
+
+    def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:
+        if error is not None:
+            raise error
+        return (0,) if non_finite else ()
+
+    # ---------------------------------------------------------------- whole tensors
+    def gather(self, items: Sequence[tuple[int, str]]) -> list[Tensor]:
+        return [self._tensor(t, name) for t, name in items]
+
+    def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
+        for t, name, value in items:
+            self._tensor(t, name).copy_(value)
+
+    def shape(self, table: int, name: str) -> tuple[int, ...]:
+        return tuple(self._tensor(table, name).shape)
+
+    def tensors(self) -> list[LocalTensor]:
+        return [
+            LocalTensor(f"{t.name}.{name}", self._tensor(t.index, name))
+            for t in self.tables
+            for name in stored_names(t)
+        ]
+
+    # -------------------------------------------------------------------- statistics
+    def stats_tables(self) -> list[StatsTable]:
+        return [StatsTable(t.name, t.vocabulary_size, t.dim, len(t.features)) for t in self.tables]
+
+    def write_statistics(self, stats: StatsCollector) -> list[Path]:
+        return stats.flush()
+
+    def describe(self, tables: str) -> str:
+        return tables

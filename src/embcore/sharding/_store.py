@@ -1,0 +1,284 @@
+"""The tables of an engine sharded over the ranks of a torch.distributed process group.
+
+``ec.EmbeddingEngine(...)`` stores its tables in a :class:`ShardedStore` when a process group
+of several ranks is initialized (or ``plan=`` or ``process_group=`` is given). Each rank feeds
+its own batch and gets that batch's activations, while the tables live where the plan puts
+them; every step computes what one process computes on the concatenation of all ranks'
+batches in rank order (docs/sharding.md, docs/architecture.md).
+
+Every call that touches the tables is a collective: all ranks make the same calls in the same
+order (as with DistributedDataParallel). ``gather`` assembles full logical tensors on every
+rank; checkpoints read each rank's chunks through ``tensors()`` without gathering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from embcore import ops
+from embcore.engine._store import Chunks, StoreConfig, stored_names
+from embcore.inputs import FeatureBatch
+from embcore.sharding.comm import Comm
+from embcore.sharding.plan import ShardingPlan
+from embcore.sharding.planner import plan as make_plan
+from embcore.sharding.schemes import SCHEMES, Scheme, ShardEnv, lookup_load
+from embcore.stats import StatsCollector, StatsTable
+
+__all__ = ["ShardTensor", "ShardedStore"]
+
+
+class ShardTensor:
+    """A stored tensor of a sharded store: the boxes of it this rank holds."""
+
+    def __init__(self, key: str, table: Scheme, name: str) -> None:
+        self.key = key
+        self.shape = table.logical_shape(name)
+        self.dtype = table.env.storage_dtype if name == "weight" else torch.float32  # slots: f32
+        self._table, self._name = table, name
+
+    def chunks(self) -> Chunks:
+        return self._table.save_chunks(self._name)
+
+    def load_chunks(self) -> Chunks:
+        return self._table.load_chunks(self._name)
+
+    def finish_load(self, chunks: Chunks) -> None:
+        self._table.finish_load(self._name, chunks)
+
+
+class ShardedStore:
+    """Tables split over the ranks of a process group by a :class:`ShardingPlan`.
+
+    Args:
+        config: as every store (every rank passes the same; ``device`` is this rank's: its
+            GPU with NCCL, the CPU with gloo).
+        plan: a :class:`ShardingPlan` for this world size; ``None`` asks the planner
+            (:func:`embcore.sharding.plan`) with its defaults.
+        process_group: the group to shard over (default: the default group). Without an
+            initialized group the store runs alone with a one-rank plan.
+
+    Raises:
+        ValueError: the plan does not fit the tables or the world size, or ranks disagree on
+            the configuration or the plan.
+    """
+
+    name: ClassVar[str] = "sharded"
+    engine_name: ClassVar[str] = "ShardedEmbeddingEngine"
+    background_updates: ClassVar[bool] = False  # an update's collectives stay in order
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        plan: ShardingPlan | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if plan is not None and not isinstance(plan, ShardingPlan):
+            raise ValueError(
+                f"EmbeddingEngine: plan must be an embcore.sharding.ShardingPlan or None, got "
+                f"{type(plan).__name__}; ShardingPlan.from_json reads a stored plan"
+            )
+        self.tables = config.tables
+        self.backend = config.backend
+        self._device = config.device
+        self._comm = Comm(process_group, config.device)
+        world = self._comm.world
+        if plan is None:
+            plan = make_plan(config.feature_config, world, optimizer=config.optimizer)
+        plan.check(list(self.tables), world)
+        self._check_everyone_agrees(plan, config.seed)
+        self._plan = plan
+        env = ShardEnv(
+            self._comm,
+            config.device,
+            config.seed,
+            config.backend.NAME,
+            config.storage_dtype,
+            config.stochastic_rounding,
+        )
+        self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self.tables]
+        self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
+
+    def _check_everyone_agrees(self, plan: ShardingPlan, seed: int) -> None:
+        described = repr(
+            (
+                plan.to_json(),
+                [
+                    (
+                        t.name,
+                        t.vocabulary_size,
+                        t.dim,
+                        t.combiner,
+                        t.features,
+                        t.config.initializer is None,
+                        type(t.optimizer).__name__,
+                        {  # callables (rates, slot functions) cannot be compared across ranks
+                            k: v
+                            for k, v in (
+                                t.optimizer.hyperparameters() if t.optimizer else {}
+                            ).items()
+                            if not callable(v)
+                        },
+                    )
+                    for t in self.tables
+                ],
+                seed,
+            )
+        )
+        digest = hashlib.blake2b(described.encode(), digest_size=8).digest()
+        fingerprint = int.from_bytes(digest, "little") & ((1 << 62) - 1)
+        everyone = [v[0] for v in self._comm.all_gather_ints([fingerprint])]
+        differ = [r for r, v in enumerate(everyone) if v != everyone[0]]
+        if differ:
+            raise ValueError(
+                f"EmbeddingEngine: ranks {differ} have a different feature config, seed or plan "
+                "than rank 0; every rank must build the engine identically"
+            )
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def comm(self) -> Comm:
+        return self._comm
+
+    @property
+    def plan(self) -> ShardingPlan:
+        return self._plan
+
+    def describe(self, tables: str) -> str:
+        placed = "; ".join(
+            f"{name}: {shard.describe()}" for name, shard in self._plan.tables.items()
+        )
+        return f"rank={self._comm.rank}/{self._comm.world}, {tables}, plan=[{placed}]"
+
+    def _run(self, ex: Any) -> Any:
+        return ex.run() if self._exchanges else ex.run_local()
+
+    # ------------------------------------------------------------------------- the step
+    def lookup(
+        self, features: Sequence[Sequence[FeatureBatch]], out: Sequence[Sequence[Tensor]] | None
+    ) -> list[list[Tensor]]:
+        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase."""
+        ex = self._comm.exchange()
+        ctxs = [s.input_dist(list(b), ex) for s, b in zip(self._sharded, features, strict=True)]
+        inbox = self._run(ex)
+        ex = self._comm.exchange()
+        for s, ctx in zip(self._sharded, ctxs, strict=True):
+            s.lookup(inbox, ex, ctx)
+        inbox.check_empty()
+        inbox = self._run(ex)
+        per_table = [s.output_dist(inbox, c) for s, c in zip(self._sharded, ctxs, strict=True)]
+        inbox.check_empty()
+        if out is None:
+            return per_table
+        for dests, acts in zip(out, per_table, strict=True):
+            for dest, act in zip(dests, acts, strict=True):
+                dest.copy_(act.reshape(dest.shape[0], -1))
+        return [list(dests) for dests in out]
+
+    def update(
+        self,
+        features: Sequence[Sequence[FeatureBatch]],
+        grads: Sequence[Sequence[Tensor]],
+        rates: Sequence[float],
+        step: int,
+    ) -> None:
+        """Backward: grad_dist -> per-row sums -> one ops.update over every local shard."""
+        ex, reducer = self._comm.exchange(), self._comm.reducer()
+        ctxs = [
+            s.grad_dist(list(b), list(g), ex, reducer)
+            for s, b, g in zip(self._sharded, features, grads, strict=True)
+        ]
+        inbox = self._run(ex)
+        reduced = reducer.run()
+        jobs = [s.update(inbox, reduced, c) for s, c in zip(self._sharded, ctxs, strict=True)]
+        inbox.check_empty()
+        jobs = [j for j in jobs if j is not None]
+        if jobs:
+            ops.update(
+                self.backend,
+                [j.state for j in jobs],
+                [j.features for j in jobs],
+                [j.grads for j in jobs],
+                [rates[j.lr_table] for j in jobs],
+                step,
+            )
+
+    def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
+        """A bad gradient on one rank stops every rank, before any collective of the update
+        (no rank is left waiting in one)."""
+        flags = self._comm.all_gather_ints([int(error is not None), int(non_finite)])
+        if error is not None:
+            raise error
+        invalid = [r for r, (bad, _) in enumerate(flags) if bad]
+        if invalid:
+            raise RuntimeError(
+                f"EmbeddingEngine: the gradients on rank(s) {invalid} were invalid (see the "
+                "error there); no rank updated its tables"
+            )
+        return [r for r, (_, bad) in enumerate(flags) if bad]
+
+    # ---------------------------------------------------------------- whole tensors
+    def gather(self, items: Sequence[tuple[int, str]]) -> list[Tensor]:
+        """Full logical tensors, every rank's pieces in one exchange (a collective). Copies:
+        writing to them changes nothing."""
+        ex = self._comm.exchange()
+        for t, name in items:
+            self._sharded[t].gather_send(name, ex)
+        inbox = self._run(ex)
+        out = [self._sharded[t].gather_take(name, inbox) for t, name in items]
+        inbox.check_empty()
+        return out
+
+    def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
+        """Each rank copies its pieces out of the full tensors (no communication)."""
+        for t, name, value in items:
+            self._sharded[t].load_full(name, value.to(self._device))
+
+    def shape(self, table: int, name: str) -> tuple[int, ...]:
+        return self._sharded[table].logical_shape(name)
+
+    def tensors(self) -> list[ShardTensor]:
+        return [
+            ShardTensor(f"{t.name}.{name}", s, name)
+            for t, s in zip(self.tables, self._sharded, strict=True)
+            for name in stored_names(t)
+        ]
+
+    # -------------------------------------------------------------------- statistics
+    def stats_tables(self) -> list[StatsTable]:
+        """Each table with this rank's lookup load under the plan."""
+        world, rank = self._comm.world, self._comm.rank
+        return [
+            StatsTable(
+                t.name,
+                t.vocabulary_size,
+                t.dim,
+                len(t.features),
+                load_of=lookup_load(self._plan[t.name], t.vocabulary_size, world, rank),
+                num_shards=world,
+                strategy=self._plan[t.name].describe(),
+            )
+            for t in self.tables
+        ]
+
+    def write_statistics(self, stats: StatsCollector) -> list[Path]:
+        """Rank 0 sums every rank's statistics and writes them (a collective); every rank
+        returns the paths once written."""
+        comm = self._comm
+        if not comm.distributed or comm.world == 1:
+            return stats.flush()
+        everyone: list[Any] = [None] * comm.world
+        dist.all_gather_object(everyone, stats.stats, group=comm.group)
+        others = [s for r, s in enumerate(everyone) if r != comm.rank]
+        paths = stats.flush(others=others, write=comm.rank == 0)
+        dist.barrier(group=comm.group)  # the files exist when any rank returns
+        return paths

@@ -1,0 +1,124 @@
+"""embcore's modules import each other without a cycle (imports inside functions, which run
+later, and ``if TYPE_CHECKING:`` blocks, which never run, do not count)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+import embcore
+
+SRC = Path(embcore.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements that run when the module is imported."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, ast.If):
+                test = ast.unparse(node.test)
+                if test not in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(tree.body)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """embcore module -> the embcore modules its import runs (package ``__init__`` included,
+    except the importer's own packages, which are already being imported)."""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    package = name if is_package else name.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{base}".rstrip(".")
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
+            for target in targets:
+                if not target.startswith("embcore"):
+                    continue
+                parts = target.split(".")
+                for i in range(1, len(parts) + 1):  # a submodule runs its packages first
+                    prefix = ".".join(parts[:i])
+                    ancestor = name == prefix or name.startswith(prefix + ".")
+                    if prefix in modules and not ancestor:
+                        edges.add(prefix)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_imports():
+    graph = import_graph()
+    assert "embcore.engine._store" in graph["embcore.engine._engine"]
+    assert "embcore.sharding.schemes" in graph["embcore.sharding._store"]
+    assert "embcore.engine" in graph["embcore.sharding.engine"]
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_among_embcore_modules():
+    assert find_cycle(import_graph()) is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["embcore.engine", "embcore.sharding.engine", "embcore.sharding._store", "embcore.ops"],
+)
+def test_engine_modules_import(name):
+    assert importlib.import_module(name)
