@@ -46,6 +46,7 @@ from embcore.engine._store import (
     stored_names,
 )
 from embcore.inputs import FeatureBatch, to_feature_batch
+from embcore.keyed_jagged import unpack_keyed_jagged
 from embcore.optimizers.base import Optimizer
 from embcore.stats import StatsCollector
 
@@ -269,6 +270,7 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
 
     # ---------------------------------------------------------------------------- inputs
     def _prepare(self, features: Any, weights: Any) -> list[FeatureBatch]:
+        features, weights = unpack_keyed_jagged(features, weights)  # TorchRec's KJT, by key
         ids = self._flatten(features, "features")
         if weights is None:
             ws: list[Any] = [None] * len(ids)
