@@ -6,7 +6,8 @@ the same pre-generated batches; writes ``results.json`` and ``results.md`` to ``
 for the full workloads, regenerates the project's ``BENCHMARKS.md``::
 
     embcore bench                       # W1 + W2, writes BENCHMARKS.md
-    embcore bench --repeats 2           # the whole suite twice; medians over runs
+    embcore bench --repeats 3           # the suite 3 times, systems interleaved in each;
+                                        # min / median / max per system, ratios per run
     embcore bench --quick               # CI size, no BENCHMARKS.md
     embcore bench --device cuda         # GPU mode: W1/W2 at batch 65,536, kernel bandwidth
     embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch

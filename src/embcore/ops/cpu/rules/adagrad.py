@@ -1,4 +1,4 @@
-"""Adagrad's row rule (SPEC 3.3)::
+"""Adagrad's row rule (docs/semantics.md §3.3)::
 
 acc <- acc + g^2
 w   <- w - lr * g / sqrt(acc)

@@ -1,4 +1,4 @@
-"""AdagradMomentum's row rule (SPEC 3.4)::
+"""AdagradMomentum's row rule (docs/semantics.md §3.4)::
 
 acc <- acc + g^2  (beta2 == 1)   or   beta2 * acc + (1 - beta2) * g^2
 s   <- g * (acc + epsilon)^(-1/exponent)

@@ -1,4 +1,4 @@
-"""Adam's row rule, no bias correction unless asked (SPEC 3.6)::
+"""Adam's row rule, no bias correction unless asked (docs/semantics.md §3.6)::
 
     m <- beta_1 * m + (1 - beta_1) * g
     v <- beta_2 * v + (1 - beta_2) * g^2

@@ -1,4 +1,5 @@
-"""FTRL-Proximal's row rule, both of TensorFlow's forms (SPEC 3.7). With ``p = -power``::
+"""FTRL-Proximal's row rule, both of TensorFlow's forms (docs/semantics.md §3.7).
+With ``p = -power``::
 
     acc_new = acc + g^2
     lin    <- lin + g - (acc_new^p - acc^p) / lr * w                    (standard)

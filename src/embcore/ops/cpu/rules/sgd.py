@@ -1,4 +1,4 @@
-"""SGD's row rule: ``w <- w - lr * g`` (SPEC 3.2)."""
+"""SGD's row rule: ``w <- w - lr * g`` (docs/semantics.md §3.2)."""
 
 from __future__ import annotations
 
