@@ -1,7 +1,9 @@
 """Run a Numba kernel on several threads: the calling thread plus a small persistent pool.
 
 Kernels are plain ``nogil`` functions taking ``(..., worker, workers)`` as their last two
-arguments; each handles its share of the work (every ``workers``-th chunk). This keeps
+arguments; the workers of a call claim chunks of work from a shared counter
+(:func:`._address.claim`) until none is left, so a thread the OS holds back does not keep the
+others waiting for its fixed share. This keeps
 compile time low (no parfor machinery, whose compilation costs seconds per kernel) and lets
 the pool's threads sleep between steps instead of spinning next to PyTorch's OpenMP threads.
 The thread count follows ``torch.get_num_threads()``, capped by the calling thread's
