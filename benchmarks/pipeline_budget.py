@@ -16,6 +16,7 @@ repeat::
 
     python benchmarks/pipeline_budget.py                 # W1, 5 repeats of 6 steps
     python benchmarks/pipeline_budget.py --workload W1-quick --repeats 3
+    python benchmarks/pipeline_budget.py --threads 1    # PyTorch on one core, update on the other
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="W1", choices=sorted(WORKLOADS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=6, help="timed steps per mode and repeat")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     keep_freed_memory()
     workload = WORKLOADS[args.workload]
     run = Run(workload, "adagrad", make_batches(workload, 4), pipeline=True)
