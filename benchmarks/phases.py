@@ -17,6 +17,7 @@ table (docs/cpu_backend.md quotes one)::
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -123,7 +124,12 @@ def bytes_moved(workload: Any, batches: list[Any]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="W1", choices=sorted(WORKLOADS))
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=8,
+        help="untimed steps per path (until the allocator has the step's blocks: no page faults)",
+    )
     p.add_argument("--steps", type=int, default=12, help="timed steps per path")
     p.add_argument("--threads", type=int)
     p.add_argument("--mainjob", action="store_true", help="the main job's step instead of W1")
@@ -143,11 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, stacked in paths.items():  # interleaved: stacked, dict, stacked, dict, ...
             run.stacked = stacked
             _spent.clear()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             run.step(i % len(batches))
             step = time.perf_counter() - start
             if i >= args.warmup:
                 per_path[name].append(_phases(_spent, step))
+                per_path[name][-1]["page faults"] = (
+                    resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+                )
     moved = bytes_moved(workload, batches)
     print(
         f"{workload.name}, Adagrad, {torch.get_num_threads()} threads: median ms per step "
@@ -158,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|")
     for phase in PHASES:
         ms = {n: 1e3 * float(np.median([r[phase] for r in rows])) for n, rows in per_path.items()}
+        if phase == "whole step":
+            faults = {
+                n: np.median([r["page faults"] for r in rows]) for n, rows in per_path.items()
+            }
+            print(f"| page faults per step | {faults['stacked']:.0f} | {faults['dict']:.0f} | | |")
         mb = moved.get(phase)
         rate = "" if mb is None or ms["stacked"] <= 0 else f"{mb / ms['stacked'] / 1e6:.1f}"
         mb_text = "" if mb is None else f"{mb / 1e6:.1f}"
