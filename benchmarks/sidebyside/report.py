@@ -173,15 +173,22 @@ def markdown(results: dict) -> str:
     for lim in results["limits"]:
         g, c, h = lim["gather"], lim["copy"], lim.get("gather_huge_pages")
         huge = "" if h is None else f"; the same on 2 MiB pages {h['gb_s']:.2f} GB/s"
+        load = lim.get("load_average")
+        busy = "" if load is None else f"; 1-minute load average {load:.1f} at its start"
         lines.append(
             f"* run {lim['repeat'] + 1}: random-row gather {g['gb_s']:.2f} GB/s "
             f"(`index_select` of {g['rows']:,} rows from a {g['table_rows']:,} x 64 float32 "
             f"table, read + write{huge}); sequential copy {c['gb_s']:.2f} GB/s "
-            f"({c['megabytes']} MB, read + write)"
+            f"({c['megabytes']} MB, read + write){busy}"
         )
     lines.append(
         "* 'of gather BW' divides by the plain (4 KiB page) gather figure; embcore backs its "
         "large tables with 2 MiB pages (docs/cpu_backend.md), the peers use PyTorch's default."
+    )
+    lines.append(
+        "* A load average near or above the core count means other processes shared the cores: "
+        "with more than one torch thread every system then waits on descheduled threads "
+        "(docs/cpu_backend.md); `--threads 1` measures the single-core figures instead."
     )
     for system, reason in results["skipped"].items():
         lines.append(f"* {system} was skipped: {reason}")
