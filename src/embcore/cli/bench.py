@@ -52,7 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--systems",
         nargs="+",
-        choices=["embcore_engine", "plain_torch", "fbgemm_tbe"],
+        choices=[
+            "embcore_engine",
+            "embcore_dict",
+            "embcore_pipelined",
+            "plain_torch",
+            "fbgemm_tbe",
+        ],
         help="default: all that are installed",
     )
     p.add_argument("--repeats", type=int, default=1, help="run the whole suite N times")
