@@ -143,8 +143,15 @@ def run(options: Options, log: Callable[[str], None] = print) -> dict:
             options.gather_table_rows, options.gather_rows, huge_pages=True
         )
         copy = limits.copy_bandwidth(options.copy_megabytes)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         results["limits"].append(
-            {"repeat": repeat, "gather": gather, "gather_huge_pages": huge, "copy": copy}
+            {
+                "repeat": repeat,
+                "gather": gather,
+                "gather_huge_pages": huge,
+                "copy": copy,
+                "load_average": load,
+            }
         )
         log(
             f"[run {repeat + 1}] random-row gather {gather['gb_s']:.2f} GB/s "

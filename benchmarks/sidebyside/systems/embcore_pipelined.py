@@ -1,5 +1,6 @@
 """embcore with ``pipeline=True``: step N's update runs in the background during step N+1's
-loss and backward. One step stale (SPEC 4.5), so not the same numerics as the others."""
+loss and backward. One step stale (docs/semantics.md §4.5), so not the same numerics as the
+others."""
 
 from __future__ import annotations
 

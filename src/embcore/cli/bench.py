@@ -6,9 +6,11 @@ the same pre-generated batches; writes ``results.json`` and ``results.md`` to ``
 for the full workloads, regenerates the project's ``BENCHMARKS.md``::
 
     embcore bench                       # W1 + W2, writes BENCHMARKS.md
-    embcore bench --repeats 2           # the whole suite twice; medians over runs
+    embcore bench --repeats 3           # the suite 3 times, systems interleaved in each;
+                                        # min / median / max per system, ratios per run
     embcore bench --quick               # CI size, no BENCHMARKS.md
     embcore bench --device cuda         # GPU mode: W1/W2 at batch 65,536, kernel bandwidth
+    embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch
 
 The harness lives in the repository's ``benchmarks/sidebyside`` (benchmarks are not part of
 the installed package), so the command needs a source checkout.
@@ -50,7 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--systems",
         nargs="+",
-        choices=["embcore_engine", "plain_torch", "fbgemm_tbe"],
+        choices=[
+            "embcore_engine",
+            "embcore_dict",
+            "embcore_pipelined",
+            "plain_torch",
+            "fbgemm_tbe",
+        ],
         help="default: all that are installed",
     )
     p.add_argument("--repeats", type=int, default=1, help="run the whole suite N times")
@@ -64,6 +72,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="BENCHMARKS.md to regenerate (default: the repository's, full runs only)",
     )
     p.add_argument("--no-markdown", action="store_true", help="do not write BENCHMARKS.md")
+    p.add_argument(
+        "--mainjob",
+        action="store_true",
+        help="run only the main job (embcore train's default DLRM) against the same model in "
+        "plain PyTorch; writes mainjob.json and mainjob.md to --out",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="--mainjob: a config override, as for embcore train",
+    )
     p.add_argument(
         "--device",
         default="cpu",
@@ -94,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device != "cpu":
         return _run_gpu(args)
+    if args.mainjob:
+        return _run_mainjob(args)
     workloads = args.workloads or (["W1-quick", "W2-quick"] if args.quick else ["W1", "W2"])
     options = sidebyside.Options(
         workloads=workloads,
@@ -145,4 +168,31 @@ def _run_gpu(args: argparse.Namespace) -> int:
     (args.out / "results.md").write_text(table)
     print(table)
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
+    return 0
+
+
+def _run_mainjob(args: argparse.Namespace) -> int:
+    """The main job against plain PyTorch: mainjob.json and mainjob.md in ``--out``."""
+    import json
+
+    from sidebyside import mainjob
+
+    from embcore.ops.cpu.malloc import keep_freed_memory
+
+    keep_freed_memory()  # as embcore train does
+    options = mainjob.MainJobOptions(
+        repeats=args.repeats, warmup=args.warmup, steps=args.steps, overrides=args.set
+    )
+    try:
+        results = mainjob.run(options, log=lambda line: print(line, flush=True))
+    except ValueError as exc:  # a bad --set
+        print(f"embcore bench: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    results["summary"] = mainjob.summarize(results)
+    (args.out / "mainjob.json").write_text(json.dumps(results, indent=1))
+    table = mainjob.markdown(results)
+    (args.out / "mainjob.md").write_text(table)
+    print(table)
+    print(f"wrote {args.out / 'mainjob.json'} and {args.out / 'mainjob.md'}")
     return 0

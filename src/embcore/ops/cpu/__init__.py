@@ -3,8 +3,8 @@
 Forward (:mod:`.gather`): one pass, split across threads, gathers and combines every feature
 of every table into freshly allocated activations.
 
-Update: one pass per table (tables dealt to threads) finds the step's unique rows and sums
-their gradients (:mod:`.dedup`, with a persistent per-table sparse-set index, so nothing
+Update: one pass per table (workers claim tables, biggest first) finds the step's unique rows
+and sums their gradients (:mod:`.dedup`, with a persistent per-table sparse-set index, so nothing
 proportional to the vocabulary is allocated per step); then, per optimizer, one pass over the
 unique rows, split across threads, applies gradient clip, weight decay, the optimizer's rule
 (:mod:`.rules`) and weight clip once per row, in place. Non-lazy Adam sweeps every row instead.
@@ -88,7 +88,8 @@ def lookup(
     tables = table_table("lookup", states, with_positions=False)
     feats, _ = feature_table("lookup", features, outs, keep)
     workers = threads.num_workers(int(feats[:, F_IDS].sum()))
-    if sum(threads.run(gather.pooled_lookup, tables, feats, workers=workers)):
+    counter = np.zeros(1, dtype=np.int64)
+    if sum(threads.run(gather.pooled_lookup, tables, feats, counter, workers=workers)):
         _raise_bad_ids("lookup", states, features)
     return outs
 
@@ -139,16 +140,9 @@ def _workspace(size: int) -> np.ndarray:
     return _workspace_buffer
 
 
-def _owners(base: np.ndarray, workers: int) -> np.ndarray:
-    """Deal tables to workers, biggest first, each to the least loaded (by id count)."""
-    sizes = np.diff(base)
-    owner = np.zeros(sizes.shape[0], dtype=np.int64)
-    load = [0] * workers
-    for t in np.argsort(-sizes, kind="stable"):
-        w = load.index(min(load))
-        owner[t] = w
-        load[w] += int(sizes[t])
-    return owner
+def _biggest_first(base: np.ndarray) -> np.ndarray:
+    """Tables by id count, biggest first: the order workers claim them in."""
+    return np.argsort(-np.diff(base), kind="stable").astype(np.int64)
 
 
 def update(
@@ -178,10 +172,10 @@ def update(
             np.empty(len(states), dtype=np.int64),  # unique rows per table
             offset,  # each table's gradient block in the workspace
             _workspace(int(offset[-1])),
+            np.zeros(1, dtype=np.int64),  # the work counter workers claim from
         )
         workers = threads.num_workers(ids)
-        owner = _owners(base, workers)  # kernel worker w handles the tables with owner w
-        args = (tables, feats, first, plan, owner)
+        args = (tables, feats, first, plan, _biggest_first(base))
         if sum(threads.run(dedup.unique_gradients, *args, workers=workers)):
             _raise_bad_ids("update", states, features)
         _apply_rules(states, lrs, step, tables, plan)
@@ -212,4 +206,5 @@ def _apply_rules(
         rows = plan[2] if lazy else tables[:, T_VOCAB]  # unique rows, or every row
         workers = threads.num_workers(int(rows[members].sum()))
         kernel = rule.update if lazy else rule.update_all
+        plan[5][0] = 0
         threads.run(kernel, tables, plan, hp, common, active, workers=workers)

@@ -17,7 +17,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.numpy_support import carray
 
-__all__ = ["f32_matrix", "f32_vector", "i32_vector", "i64_vector", "prefetch", "prefetch_row"]
+__all__ = [
+    "claim",
+    "f32_matrix",
+    "f32_vector",
+    "i32_vector",
+    "i64_vector",
+    "prefetch",
+    "prefetch_row",
+]
 
 
 @intrinsic
@@ -48,6 +56,30 @@ def prefetch(typingctx, address):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return types.void(address), codegen
+
+
+@intrinsic
+def _fetch_add(typingctx, address, value):  # type: ignore[no-untyped-def]
+    """Atomically add ``value`` to the ``int64`` at ``address``; the value before."""
+    if not isinstance(address, types.Integer) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i64 = ir.IntType(64)
+        pointer = builder.inttoptr(args[0], i64.as_pointer())
+        amount = context.cast(builder, args[1], signature.args[1], types.int64)
+        return builder.atomic_rmw("add", pointer, amount, "monotonic")
+
+    return types.int64(address, value), codegen
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def claim(counter):  # type: ignore[no-untyped-def]
+    """The next unit of work: ``counter[0]``, incremented atomically. Workers of one kernel
+    call share a ``(1,) int64`` counter that starts at 0 and each takes units until they run
+    out, so a worker the OS leaves waiting does not hold up the others (a fixed round-robin
+    deal would leave its share undone until it runs)."""
+    return _fetch_add(counter.ctypes.data, 1)
 
 
 @njit(cache=True, error_model="numpy")

@@ -1,9 +1,10 @@
 """Per-sample combiner math and work splitting, shared by the forward and backward kernels.
 
-The combiner is linear (SPEC 2.1): id ``j`` of sample ``s`` contributes ``gain_j * table[id_j]``
-with ``gain_j = w_j`` for sum and ``w_j * scale(s)`` for mean (``1 / sum w``) and sqrtn
-(``1 / sqrt(sum w^2)``), ``scale = 0`` when the denominator is 0. Everything is float32 and
-summed in id order, as the reference does, so results agree to the last bit or nearly.
+The combiner is linear (docs/semantics.md §2.1): id ``j`` of sample ``s`` contributes
+``gain_j * table[id_j]`` with ``gain_j = w_j`` for sum and ``w_j * scale(s)`` for mean
+(``1 / sum w``) and sqrtn (``1 / sqrt(sum w^2)``), ``scale = 0`` when the denominator is 0.
+Everything is float32 and summed in id order, as the reference does, so results agree to the
+last bit or nearly.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Occurrences are added in the reference's order, so the sums agree to the last bi
 activation gradients are read sequentially and new rows are appended, so the pass streams;
 the block lives in a workspace reused across steps. Dedup uses the table's persistent
 sparse-set index (:func:`.layout.positions`), never an allocation proportional to the
-vocabulary. Tables are dealt to the workers; the per-row optimizer pass (:mod:`.rules`) then
+vocabulary. Workers claim tables, biggest first; the per-row optimizer pass (:mod:`.rules`) then
 runs over unique rows.
 """
 
@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from numba import njit
 
-from embcore.ops.cpu._address import f32_matrix, f32_vector, i32_vector, i64_vector, prefetch
+from embcore.ops.cpu._address import (
+    claim,
+    f32_matrix,
+    f32_vector,
+    i32_vector,
+    i64_vector,
+    prefetch,
+)
 from embcore.ops.cpu.combine import gain, sample_scale
 from embcore.ops.cpu.layout import (
     F_COMBINER,
@@ -48,20 +55,24 @@ PREFETCH_SAMPLES = 4
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def unique_gradients(  # type: ignore[no-untyped-def]
-    tables, features, first, plan, owner, worker, workers
+    tables, features, first, plan, order, worker, workers
 ):
-    """Fill ``plan = (base, unique, count, offset, gradients)`` for the tables with
-    ``owner[t] == worker``: table ``t``'s unique rows at ``unique[base[t]:]`` and their
-    gradients as a ``(count[t], dim)`` block at ``gradients[offset[t]:]``.
+    """Fill ``plan = (base, unique, count, offset, gradients, counter)``: table ``t``'s
+    unique rows at ``unique[base[t]:]`` and their gradients as a ``(count[t], dim)`` block at
+    ``gradients[offset[t]:]``. Workers claim tables from ``counter`` in ``order`` (biggest
+    first, so the last ones claimed are small).
 
     Returns:
         The number of ids outside ``[0, vocab)`` (no table is written; the caller raises).
     """
-    base, unique, count, offset, gradients = plan
+    base, unique, count, offset, gradients = plan[0], plan[1], plan[2], plan[3], plan[4]
+    counter = plan[5]
     bad = 0
-    for t in range(tables.shape[0]):
-        if owner[t] != worker:
-            continue
+    while True:
+        k = claim(counter)
+        if k >= order.shape[0]:
+            break
+        t = order[k]
         vocab, dim = tables[t, T_VOCAB], tables[t, T_DIM]
         pos = i32_vector(tables[t, T_POSITIONS], vocab)
         rows = unique[base[t] :]

@@ -1,15 +1,16 @@
 """The fused forward: every feature of every table gathered and combined in one pass.
 
 Work is cut into chunks of samples across all features (:func:`.combine.chunk_starts`) and
-dealt round-robin to the workers (:mod:`.threads`), so threads share one big table as well as
-many small ones. A sample writes only its own output row, so no synchronisation is needed.
+claimed by the workers from a shared counter (:mod:`.threads`), so threads share one big table
+as well as many small ones. A sample writes only its own output row, so no synchronisation is
+needed.
 """
 
 from __future__ import annotations
 
 from numba import njit
 
-from embcore.ops.cpu._address import f32_matrix, f32_vector, i64_vector, prefetch_row
+from embcore.ops.cpu._address import claim, f32_matrix, f32_vector, i64_vector, prefetch_row
 from embcore.ops.cpu.combine import chunk_starts, gain, sample_scale, which_chunk
 from embcore.ops.cpu.layout import (
     F_COMBINER,
@@ -36,7 +37,7 @@ PREFETCH_SAMPLES = 4
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def pooled_lookup(tables, features, worker, workers):  # type: ignore[no-untyped-def]
+def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[no-untyped-def]
     """``out[s] = sum_j gain_j * table[id_j]`` for this worker's samples of every feature.
 
     Args:
@@ -44,7 +45,8 @@ def pooled_lookup(tables, features, worker, workers):  # type: ignore[no-untyped
         features: ``(F, FEATURE_COLUMNS) int64`` descriptors; ``F_ROWS`` is the ``(S, dim)``
             output, whose rows are ``F_STRIDE`` floats apart (``dim`` when contiguous; more
             for the features of a stacked ``(S, F, dim)`` output).
-        worker, workers: this call handles chunks ``worker, worker + workers, ...``.
+        counter: ``(1,) int64``, 0 at the start: workers claim chunks from it.
+        worker, workers: this worker and how many share the work.
 
     Returns:
         The number of ids outside ``[0, vocab)`` (skipped; the caller raises).
@@ -58,7 +60,10 @@ def pooled_lookup(tables, features, worker, workers):  # type: ignore[no-untyped
     for f in range(1, count):
         interleave = interleave and features[f, F_SAMPLES] == features[0, F_SAMPLES]
     bad = 0
-    for c in range(worker, starts[-1], workers):
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         if interleave:
             f = c % count
             first = (c // count) * SAMPLES_PER_CHUNK

@@ -8,7 +8,8 @@ table::
     common[t] = [grad_min, grad_max, decay, weight_min, weight_max]     float32, +-inf = none
 
 ``plan`` is what :func:`embcore.ops.cpu.dedup.unique_gradients` filled:
-``(base, unique, count, offset, gradients)``.
+``(base, unique, count, offset, gradients, counter)``; ``counter`` is the ``(1,) int64``
+work counter the workers of a call claim chunks from (:func:`.._address.claim`).
 
 Per-row helpers are inlined into the kernels (``inline="always"``) and take arrays already
 sliced per table: a call per row with whole-step arrays would cost more than the row's math.
@@ -99,7 +100,7 @@ def chunk_rows(starts, c, sizes):  # type: ignore[no-untyped-def]
 @njit(cache=True, error_model="numpy")
 def touched(tables, plan, t):  # type: ignore[no-untyped-def]
     """Table ``t``'s unique rows ``(count,) int64`` and their gradients ``(count, dim)``."""
-    base, unique, count, offset, gradients = plan
+    base, unique, count, offset, gradients = plan[0], plan[1], plan[2], plan[3], plan[4]
     n = count[t]
     grads = f32_matrix(gradients.ctypes.data + 4 * offset[t], n, tables[t, T_DIM])
     return unique[base[t] : base[t] + n], grads

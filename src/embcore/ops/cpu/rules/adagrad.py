@@ -1,4 +1,4 @@
-"""Adagrad's row rule (SPEC 3.3)::
+"""Adagrad's row rule (docs/semantics.md §3.3)::
 
 acc <- acc + g^2
 w   <- w - lr * g / sqrt(acc)
@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
     begin_row,
     chunk_rows,
@@ -33,7 +34,11 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
     """One Adagrad step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
     starts = row_chunks(count, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, count)
         tab, com, lr = tables[t], common[t], hp[t, 0]
         rows, grads = touched(tables, plan, t)

@@ -1,4 +1,4 @@
-"""AdagradMomentum's row rule (SPEC 3.4)::
+"""AdagradMomentum's row rule (docs/semantics.md §3.4)::
 
 acc <- acc + g^2  (beta2 == 1)   or   beta2 * acc + (1 - beta2) * g^2
 s   <- g * (acc + epsilon)^(-1/exponent)
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
     begin_row,
     chunk_rows,
@@ -43,7 +44,11 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
     """One AdagradMomentum step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
     starts = row_chunks(count, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, count)
         tab, com = tables[t], common[t]
         lr, momentum, nesterov, power = hp[t, 0], hp[t, 1], hp[t, 2] != 0, hp[t, 3]

@@ -1,4 +1,4 @@
-"""Adam's row rule, no bias correction unless asked (SPEC 3.6)::
+"""Adam's row rule, no bias correction unless asked (docs/semantics.md §3.6)::
 
     m <- beta_1 * m + (1 - beta_1) * g
     v <- beta_2 * v + (1 - beta_2) * g^2
@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import i32_vector
+from embcore.ops.cpu._address import claim, i32_vector
 from embcore.ops.cpu.layout import T_DIM, T_POSITIONS, T_VOCAB
 from embcore.ops.cpu.rules._rows import (
     begin_row,
@@ -59,7 +59,11 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
     """One lazy Adam step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
     starts = row_chunks(count, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, count)
         tab, com, params = tables[t], common[t], hp[t]
         rows, grads = touched(tables, plan, t)
@@ -79,7 +83,11 @@ def update_all(tables, plan, hp, common, active, worker, workers):  # type: igno
     (``g = 0`` where untouched)."""
     count, vocab = plan[2], tables[:, T_VOCAB]
     starts = row_chunks(vocab, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, vocab)
         tab, com, params = tables[t], common[t], hp[t]
         rows, grads = touched(tables, plan, t)

@@ -1,4 +1,5 @@
-"""FTRL-Proximal's row rule, both of TensorFlow's forms (SPEC 3.7). With ``p = -power``::
+"""FTRL-Proximal's row rule, both of TensorFlow's forms (docs/semantics.md §3.7).
+With ``p = -power``::
 
     acc_new = acc + g^2
     lin    <- lin + g - (acc_new^p - acc^p) / lr * w                    (standard)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
     begin_row,
     chunk_rows,
@@ -50,7 +52,11 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
     """One FTRL step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
     starts = row_chunks(count, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, count)
         tab, com = tables[t], common[t]
         lr, p, limit, beta, quad_extra = hp[t, 0], hp[t, 1], hp[t, 2], hp[t, 3], hp[t, 4]

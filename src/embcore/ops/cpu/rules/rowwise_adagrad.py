@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
     begin_row,
     chunk_rows,
@@ -43,7 +44,11 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
     """One row-wise Adagrad step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
     starts = row_chunks(count, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, count)
         tab, com, lr, eps = tables[t], common[t], hp[t, 0], hp[t, 1]
         rows, grads = touched(tables, plan, t)

@@ -1,9 +1,10 @@
-"""SGD's row rule: ``w <- w - lr * g`` (SPEC 3.2)."""
+"""SGD's row rule: ``w <- w - lr * g`` (docs/semantics.md §3.2)."""
 
 from __future__ import annotations
 
 from numba import njit
 
+from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
     begin_row,
     chunk_rows,
@@ -27,7 +28,11 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
     """One SGD step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
     starts = row_chunks(count, active)
-    for c in range(worker, starts[-1], workers):
+    counter = plan[5]
+    while True:
+        c = claim(counter)
+        if c >= starts[-1]:
+            break
         t, first, stop = chunk_rows(starts, c, count)
         tab, com, lr = tables[t], common[t], hp[t, 0]
         rows, grads = touched(tables, plan, t)

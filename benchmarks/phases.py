@@ -1,0 +1,206 @@
+"""Where a W1 training step spends its time, phase by phase, for ``stacked()`` and the
+per-feature dict output (``acts = emb(batch)``), on one engine, interleaved.
+
+Phases are timed by wrapping the engine's and the CPU backend's entry points (the kernels
+themselves are untouched): input preparation (``EmbeddingEngine._prepare``), the forward
+gather kernel, the backward's dedup + gradient-sum kernel, the optimizer kernel, the
+finiteness check, the Python around the kernels in ``lookup``/``update`` (descriptors,
+workspace, thread hand-off) and everything else (the loss, autograd, the engine's gradient
+checks). Next to each phase, the bytes it must move for the step's batch. Prints a markdown
+table (docs/cpu_backend.md quotes one)::
+
+    python benchmarks/phases.py                  # W1, 3 warm-up + 12 timed steps per path
+    python benchmarks/phases.py --workload W1-quick --steps 4
+    python benchmarks/phases.py --mainjob        # the main job's step (embcore train defaults)
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sidebyside.mainjob import embcore_step
+from sidebyside.systems.embcore_engine import Run
+from sidebyside.workloads import WORKLOADS, make_batches
+
+import embcore.ops.cpu as cpu
+from embcore.engine import EmbeddingEngine
+from embcore.ops.cpu import threads
+from embcore.ops.cpu.malloc import keep_freed_memory
+
+#: kernel name -> phase
+KERNELS = {
+    "pooled_lookup": "forward gather (kernel)",
+    "unique_gradients": "backward: dedup + gradient sums (kernel)",
+    "non_finite_flags": "finiteness check (kernel)",
+}
+PHASES = [
+    "input preparation",
+    "forward gather (kernel)",
+    "lookup: Python around the kernel",
+    "finiteness check (kernel)",
+    "finiteness check: Python",
+    "backward: dedup + gradient sums (kernel)",
+    "update: optimizer rule (kernel)",
+    "update: Python around the kernels",
+    "loss, autograd, engine glue",
+    "whole step",
+]
+
+_spent: dict[str, float] = defaultdict(float)
+
+
+def _timed(name: str | Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            key = name(*args) if callable(name) else name
+            _spent[key] += time.perf_counter() - start
+
+    return wrapper
+
+
+def _instrument() -> None:
+    """Wrap the entry points whose time makes up the phases (once per process)."""
+    run = threads.run
+    threads.run = _timed(  # type: ignore[assignment]
+        lambda kernel, *a: KERNELS.get(kernel.__name__, "update: optimizer rule (kernel)"), run
+    )
+    for name in ("lookup", "update", "non_finite"):
+        setattr(cpu, name, _timed(f"total {name}", getattr(cpu, name)))
+    EmbeddingEngine._prepare = _timed("input preparation", EmbeddingEngine._prepare)  # type: ignore[method-assign]
+
+
+def _phases(spent: dict[str, float], step: float) -> dict[str, float]:
+    kernels = {p: spent.get(p, 0.0) for p in PHASES[:-1]}
+    kernels["lookup: Python around the kernel"] = (
+        spent["total lookup"] - kernels["forward gather (kernel)"]
+    )
+    kernels["finiteness check: Python"] = (
+        spent["total non_finite"] - kernels["finiteness check (kernel)"]
+    )
+    kernels["update: Python around the kernels"] = (
+        spent["total update"]
+        - kernels["backward: dedup + gradient sums (kernel)"]
+        - kernels["update: optimizer rule (kernel)"]
+    )
+    accounted = sum(v for k, v in kernels.items() if k != "loss, autograd, engine glue")
+    kernels["loss, autograd, engine glue"] = step - accounted
+    kernels["whole step"] = step
+    return kernels
+
+
+def bytes_moved(workload: Any, batches: list[Any]) -> dict[str, float]:
+    """Bytes each phase must move for an average batch (float32 rows of ``dim``; Adagrad: one
+    slot float per element)."""
+    row = 4 * workload.dim
+    ids = np.mean([b.ids for b in batches])
+    unique = np.mean([sum(b.unique) for b in batches])
+    act = workload.batch * workload.tables * row  # one activation row per sample per feature
+    return {
+        "input preparation": ids * 8,
+        "forward gather (kernel)": ids * row + act,  # rows read, activations written
+        "finiteness check (kernel)": act,
+        # gradients read, the index entry of each id (a cache line), the summed block written
+        "backward: dedup + gradient sums (kernel)": act + ids * 64 + unique * row,
+        # summed block read; each unique row's weights and slot read and written
+        "update: optimizer rule (kernel)": unique * row + 4 * unique * row,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="W1", choices=sorted(WORKLOADS))
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=8,
+        help="untimed steps per path (until the allocator has the step's blocks: no page faults)",
+    )
+    p.add_argument("--steps", type=int, default=12, help="timed steps per path")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--mainjob", action="store_true", help="the main job's step instead of W1")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    if args.mainjob:
+        return _mainjob(args)
+    workload = WORKLOADS[args.workload]
+    batches = make_batches(workload, 4)
+    run = Run(workload, "adagrad", batches)
+    _instrument()
+    paths = {"stacked": True, "dict": False}
+    per_path: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
+    for i in range(args.warmup + args.steps):
+        for name, stacked in paths.items():  # interleaved: stacked, dict, stacked, dict, ...
+            run.stacked = stacked
+            _spent.clear()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.perf_counter()
+            run.step(i % len(batches))
+            step = time.perf_counter() - start
+            if i >= args.warmup:
+                per_path[name].append(_phases(_spent, step))
+                per_path[name][-1]["page faults"] = (
+                    resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+                )
+    moved = bytes_moved(workload, batches)
+    print(
+        f"{workload.name}, Adagrad, {torch.get_num_threads()} threads: median ms per step "
+        f"over {args.steps} steps per path (interleaved), bytes each phase must move"
+    )
+    print()
+    print("| phase | stacked() ms | dict ms | MB moved | GB/s (stacked) |")
+    print("|---|---:|---:|---:|---:|")
+    for phase in PHASES:
+        ms = {n: 1e3 * float(np.median([r[phase] for r in rows])) for n, rows in per_path.items()}
+        if phase == "whole step":
+            faults = {
+                n: np.median([r["page faults"] for r in rows]) for n, rows in per_path.items()
+            }
+            print(f"| page faults per step | {faults['stacked']:.0f} | {faults['dict']:.0f} | | |")
+        mb = moved.get(phase)
+        rate = "" if mb is None or ms["stacked"] <= 0 else f"{mb / ms['stacked'] / 1e6:.1f}"
+        mb_text = "" if mb is None else f"{mb / 1e6:.1f}"
+        print(f"| {phase} | {ms['stacked']:.2f} | {ms['dict']:.2f} | {mb_text} | {rate} |")
+    return 0
+
+
+def _mainjob(args: argparse.Namespace) -> int:
+    step, cfg = embcore_step([f"train.threads={args.threads or 1}"], args.warmup + args.steps)
+    _instrument()
+    rows = []
+    for i in range(args.warmup + args.steps):
+        _spent.clear()
+        seconds = step(i)
+        if i >= args.warmup:
+            rows.append(_phases(_spent, seconds))
+    print(
+        f"main job (batch {cfg.data.batch_size}, dim {cfg.model.embedding_dim}, "
+        f"{torch.get_num_threads()} thread(s)): median ms per step over {args.steps} steps"
+    )
+    print()
+    print("| phase | ms |")
+    print("|---|---:|")
+    for phase in PHASES:
+        name = "dense model, loss, autograd, engine glue" if phase.startswith("loss") else phase
+        print(f"| {name} | {1e3 * float(np.median([r[phase] for r in rows])):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
