@@ -45,7 +45,8 @@ def global_batch(step: int, fc: dict, batch_size: int) -> dict[str, torch.Tensor
 def train_step(engine: ec.EmbeddingEngine, batch: dict[str, torch.Tensor]) -> float:
     acts = engine(batch)
     loss = sum((a - 0.1).square().sum() for a in acts.values())
-    loss.backward()  # each rank's gradients; the engine sums them over ranks (SPEC 3.16)
+    # each rank's gradients; the engine sums them over ranks (docs/semantics.md §3.16)
+    loss.backward()
     return loss.item()
 
 

@@ -130,7 +130,8 @@ OPTIMIZER_CASES: list[OptCase] = [
         {"learning_rate": 0.05, "lazy_adam": False, "sum_inside_sqrt": False, "epsilon": 1e-4},
     ),
     OptCase(
-        # every row is updated, so every row decays and is clipped (SPEC 3.6 + 3.11/3.12)
+        # every row is updated, so every row decays and is clipped (docs/semantics.md §3.6 +
+        # §3.11/§3.12)
         "adam-non-lazy-decay-wclip",
         "adam",
         {
@@ -268,7 +269,8 @@ def ragged_samples(rows: Sequence[Sample], weighted: bool = True) -> list[Sample
 
 
 def ragged_sequence_samples(rows: Sequence[Sample], length: int) -> list[Sample]:
-    """SPEC 2.4: position p < L of row b is sample ``b*L + p``; weights play no part here."""
+    """docs/semantics.md §2.4: position p < L of row b is sample ``b*L + p``; weights play no part
+    here."""
     out: list[Sample] = []
     for r in rows:
         for p in range(length):
@@ -314,7 +316,8 @@ def sparse_input(
 def sparse_samples(
     entries: Sequence[Entry], dense_shape: Sequence[int], weighted: bool = True
 ) -> list[Sample]:
-    """SPEC 2.2: entries sharing all but the last index form one sample (row-major)."""
+    """docs/semantics.md §2.2: entries sharing all but the last index form one sample
+    (row-major)."""
     outer = tuple(dense_shape[:-1])
     out: list[Sample] = [[] for _ in range(int(np.prod(outer)))]
     for index, i, w in entries:
@@ -323,7 +326,8 @@ def sparse_samples(
 
 
 def sparse_sequence_samples(entries: Sequence[Entry], batch: int, length: int) -> list[Sample]:
-    """SPEC 2.4: ``(row, col)`` with ``col < L`` is sample ``row*L + col``; duplicates add up."""
+    """docs/semantics.md §2.4: ``(row, col)`` with ``col < L`` is sample ``row*L + col``; duplicates
+    add up."""
     out: list[Sample] = [[] for _ in range(batch * length)]
     for (row, col), i, _ in entries:
         if col < length:

@@ -1,10 +1,10 @@
-"""An independent NumPy float64 model of the engine, written from SPEC sections 2 and 3.
+"""An independent NumPy float64 model of the engine, written from docs/semantics.md §2 and §3.
 
 Nothing here imports embcore: the tests compare the engine against these formulas.
 
-A batch of one feature is described as a list of *samples* (SPEC 2.1); each sample is a list of
-``(id, weight)`` pairs. Sequence features are samples of at most one id each, combined with
-``"sum"`` (every position is its own sample).
+A batch of one feature is described as a list of *samples* (docs/semantics.md §2.1); each sample is
+a list of ``(id, weight)`` pairs. Sequence features are samples of at most one id each, combined
+with ``"sum"`` (every position is its own sample).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ SLOT_NAMES: dict[str, tuple[str, ...]] = {
 
 
 def sample_gains(sample: Sample, combiner: str) -> np.ndarray:
-    """SPEC 2.1/2.3: gain_j = w_j * scale, scale 1 (sum), 1/sum(w) (mean), 1/sqrt(sum w^2)
-    (sqrtn), and 0 when that denominator is 0."""
+    """docs/semantics.md §2.1/§2.3: gain_j = w_j * scale, scale 1 (sum), 1/sum(w) (mean), 1/sqrt(sum
+    w^2) (sqrtn), and 0 when that denominator is 0."""
     w = np.array([weight for _, weight in sample], dtype=np.float64)
     if combiner == "sum":
         return w
@@ -56,8 +56,8 @@ def row_gradients(
     dim: int,
     features: Sequence[tuple[Sequence[Sample], str, np.ndarray]],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """SPEC 3.1: sum ``gain * dL/dact[s]`` over every occurrence of every row, over all the
-    features ``(samples, combiner, grad (S, dim))`` of one table.
+    """docs/semantics.md §3.1: sum ``gain * dL/dact[s]`` over every occurrence of every row, over
+    all the features ``(samples, combiner, grad (S, dim))`` of one table.
 
     Returns:
         ``(vocab, dim)`` summed gradients and a ``(vocab,)`` bool mask of touched rows.
@@ -77,7 +77,7 @@ def row_gradients(
 
 
 def initial_slots(kind: str, hp: dict[str, Any], vocab: int, dim: int) -> dict[str, np.ndarray]:
-    """SPEC 1.3-1.6: slot shapes and initial values."""
+    """docs/semantics.md §1.3-§1.6: slot shapes and initial values."""
     full = (vocab, dim)
     if kind == "sgd":
         return {}
@@ -110,7 +110,7 @@ def _rule(
     lr: float,
     t: int,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The optimizer's own update on the rows given (SPEC 3.2-3.7)."""
+    """The optimizer's own update on the rows given (docs/semantics.md §3.2-§3.7)."""
     if kind == "sgd":  # 3.2
         return w - lr * g, {}
     if kind == "adagrad":  # 3.3
@@ -157,7 +157,7 @@ def _rule(
             lin = s["linears"] + g - delta / lr * w
             limit = l1
             quad = (acc_new**p + beta) / lr + 2 * l2
-        # "= 0 if |lin| <= l1, else (sign(lin) * l1 - lin) / quad" (SPEC 3.7)
+        # "= 0 if |lin| <= l1, else (sign(lin) * l1 - lin) / quad" (docs/semantics.md §3.7)
         with np.errstate(divide="ignore", invalid="ignore"):
             shrunk = (np.sign(lin) * limit - lin) / quad
         new_w = np.where(np.abs(lin) <= limit, 0.0, shrunk)
@@ -186,10 +186,10 @@ def apply_update(
     lr: float,
     t: int,
 ) -> None:
-    """One step of SPEC 3.1 on a whole table, in place: clip g, decay, rule, clip w.
+    """One step of docs/semantics.md §3.1 on a whole table, in place: clip g, decay, rule, clip w.
 
     Lazy optimizers update the touched rows only; non-lazy Adam updates every row, the
-    untouched ones with ``g = 0`` (SPEC 3.6).
+    untouched ones with ``g = 0`` (docs/semantics.md §3.6).
     """
     rows = np.nonzero(touched)[0] if is_lazy(kind, hp) else np.arange(table.shape[0])
     if rows.size == 0:
@@ -215,8 +215,8 @@ def apply_update(
 
 
 def safe_prune(samples: Sequence[Sample], combiner: str) -> list[Sample]:
-    """SPEC 2.8 (``safe_embedding_lookup_sparse``): drop ids < 0 and, unless the combiner is
-    sum, ids whose weight is <= 0. Samples left empty look up zeros."""
+    """docs/semantics.md §2.8 (``safe_embedding_lookup_sparse``): drop ids < 0 and, unless the
+    combiner is sum, ids whose weight is <= 0. Samples left empty look up zeros."""
     return [
         [(i, w) for i, w in sample if i >= 0 and (combiner == "sum" or w > 0)] for sample in samples
     ]

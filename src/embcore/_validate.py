@@ -1,6 +1,6 @@
 """Small checks shared by the frozen configs.
 
-Each raises ``ValueError`` (as TensorFlow's configs do, SPEC section 1) naming the object, the
+Each raises ``ValueError`` (as TensorFlow's configs do, docs/semantics.md §1) naming the object, the
 field, the bad value and what was expected.
 """
 

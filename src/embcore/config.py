@@ -1,4 +1,5 @@
-"""Table and feature configs, and their resolution into one engine layout (SPEC 1.10-1.13).
+"""Table and feature configs, and their resolution into one engine layout
+(docs/semantics.md §1.10-§1.13).
 
 Configs are frozen and never mutated. :func:`resolve` does every cross-object check in one
 place: it flattens the feature structure in ``tf.nest`` order, orders tables by first use,
@@ -45,9 +46,10 @@ class TableConfig:
             seeded by the engine's seed and the table name.
         optimizer: this table's optimizer; ``None`` uses the engine's global optimizer.
         combiner: ``"mean"``, ``"sum"`` or ``"sqrtn"``: how a sample's ids are combined.
-        name: unique table name; ``None`` becomes ``table_<i>`` by first use (SPEC 1.13).
-        safe_lookup: prune like ``safe_embedding_lookup_sparse`` (SPEC 2.8): drop ids < 0 and,
-            for mean/sqrtn, ids with weight <= 0. Off by default: such ids are errors.
+        name: unique table name; ``None`` becomes ``table_<i>`` by first use
+            (docs/semantics.md §1.13).
+        safe_lookup: prune like ``safe_embedding_lookup_sparse`` (docs/semantics.md §2.8): drop ids
+            < 0 and, for mean/sqrtn, ids with weight <= 0. Off by default: such ids are errors.
     """
 
     vocabulary_size: int
@@ -92,9 +94,10 @@ class FeatureConfig:
     Args:
         table: the :class:`TableConfig` this feature reads; several features may share one.
         max_sequence_length: 0 for a pooled feature; ``L > 0`` makes rank-2 sparse or ragged
-            input a sequence with activations ``(B, L, dim)`` (SPEC 2.4).
-        output_shape: the activation shape without ``dim`` (SPEC 2.5); one entry may be
-            ``None`` or ``-1`` and is inferred from the batch. ``None`` derives it from the input.
+            input a sequence with activations ``(B, L, dim)`` (docs/semantics.md §2.4).
+        output_shape: the activation shape without ``dim`` (docs/semantics.md §2.5); one entry may
+            be ``None`` or ``-1`` and is inferred from the batch. ``None`` derives it from the
+            input.
         name: a name for messages; defaults to the feature's path in the structure.
     """
 

@@ -1,14 +1,14 @@
 """Inputs: dense, sparse and ragged ids, converted once into a jagged batch per feature.
 
 Every input format becomes a :class:`FeatureBatch`: the ids grouped by *sample* (one output
-slot, SPEC 2.1), with CSR offsets and optional per-id weights::
+slot, docs/semantics.md §2.1), with CSR offsets and optional per-id weights::
 
     samples      0        1     2
     values    [ 3, 7 |       | 5 ]      (N,) int64 ids
     offsets   [0,    2,      2,  3]     (S+1,) int64; sample s = values[offsets[s]:offsets[s+1]]
     weights   [.5, 1 |       | 2 ]      (N,) float32, or None for all ones
 
-How formats map to samples (SPEC 2.2, 2.4, 2.5):
+How formats map to samples (docs/semantics.md §2.2, §2.4, §2.5):
 
 * dense ``(B,)`` or ``(B, ..., 1)`` ints: one id per sample, output shape without the last 1;
 * ``torch.sparse_coo_tensor`` of rank >= 2: entries sharing all but the last index form a
@@ -221,8 +221,8 @@ def _prune(
     offsets: Tensor,
     weights: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``safe_embedding_lookup_sparse`` pruning (SPEC 2.8): drop ids < 0 and, unless the
-    combiner is sum, ids whose weight is <= 0."""
+    """``safe_embedding_lookup_sparse`` pruning (docs/semantics.md §2.8): drop ids < 0 and, unless
+    the combiner is sum, ids whose weight is <= 0."""
     keep = values >= 0
     if weights is not None and combiner != "sum":
         keep &= weights > 0
@@ -298,7 +298,7 @@ def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
         )
     if length > 0 and ids.dim() == 2 and cfg.output_shape is None:
         rows, cols = indices[0], indices[1]
-        keep = cols < length  # truncate by column index (SPEC 2.4)
+        keep = cols < length  # truncate by column index (docs/semantics.md §2.4)
         samples = rows[keep] * length + cols[keep]  # increasing: entries are row-major
         values = values[keep]
         w = None if w is None else w[keep]
@@ -351,7 +351,8 @@ def _from_ragged(feature: ResolvedFeature, ids: RaggedIds, weights: Any) -> tupl
                     f"feature '{name}': output_shape {list(cfg.output_shape)} holds {wanted} "
                     f"samples, which should be the ragged batch size {rows} or a multiple of it"
                 )
-            # SPEC 2.5 / pitfall 12: a multiple of the batch makes each row a sequence.
+            # docs/semantics.md §2.5 / §6 pitfall 12: a multiple of the batch makes each row a
+            # sequence.
             length = wanted // rows
             if w is not None:
                 warnings.warn(

@@ -1,8 +1,8 @@
 """Nested structures of features, in ``tf.nest`` order.
 
 A feature configuration may be a single leaf or any nesting of dicts, lists and tuples.
-Flattening follows ``tf.nest`` (SPEC 1.13): dict keys are visited in sorted order, lists and
-tuples in their own order. Activations and gradients come back in the same structure.
+Flattening follows ``tf.nest`` (docs/semantics.md §1.13): dict keys are visited in sorted order,
+lists and tuples in their own order. Activations and gradients come back in the same structure.
 
 Paths name a leaf for error messages: ``"watched"``, ``"0/user"``, ``""`` for a single leaf.
 """

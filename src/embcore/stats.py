@@ -1,4 +1,5 @@
-"""Lookup statistics (``profile_data_directory``, SPEC 4.6): cheap, sampled, mergeable.
+"""Lookup statistics (``profile_data_directory``, docs/semantics.md §4.6): cheap, sampled,
+mergeable.
 
 About 3% of batches are sampled (configurable). For each table, a sampled batch adds:
 

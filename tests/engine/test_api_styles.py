@@ -167,8 +167,8 @@ ZERO_MOVES = [c for c in OPTIMIZER_CASES if c.id in {"adam", "adagrad_momentum",
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", ZERO_MOVES, ids=[c.id for c in ZERO_MOVES])
 def test_activation_left_out_of_the_loss_is_a_zero_gradient(case: OptCase, backend: str) -> None:
-    """SPEC 3.15 in the PyTorch style: an activation the loss does not use reaches backward as
-    None and is applied as zeros, exactly like a None in apply_gradients (which warns).
+    """docs/semantics.md §3.15 in the PyTorch style: an activation the loss does not use reaches
+    backward as None and is applied as zeros, exactly like a None in apply_gradients (which warns).
     Pinned: the PyTorch style does not warn, since autograd gives None for unused outputs
     routinely."""
     (seeds, torchy), rng = engines(case, backend)

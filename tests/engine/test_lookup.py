@@ -1,4 +1,4 @@
-"""Lookups against the NumPy model of SPEC section 2, for every input format and combiner.
+"""Lookups against the NumPy model of docs/semantics.md §2, for every input format and combiner.
 
 Formats: dense ``(B,)``, ``(B, 1)``, ``(B, 2, 1)``; ``torch.sparse_coo_tensor`` of rank 2 and 3
 with unsorted and duplicate indices; :class:`embcore.RaggedIds`; with and without weights.
@@ -83,7 +83,8 @@ def check(got: np.ndarray, expected: np.ndarray) -> None:
     ids=["B", "B1", "B21"],
 )
 def test_dense(shape: tuple[int, ...], dtype: torch.dtype, combiner: str, backend: str) -> None:
-    """SPEC 2.2: one id per sample whatever the combiner; ``(B, 1)`` gives ``(B, dim)``."""
+    """docs/semantics.md §2.2: one id per sample whatever the combiner; ``(B, 1)`` gives
+    ``(B, dim)``."""
     table, values = make_table(combiner, dim=5)
     ids = np.random.default_rng(1).integers(VOCAB, size=shape)
     got = lookup(ec.FeatureConfig(table), backend, torch.from_numpy(ids).to(dtype))
@@ -138,8 +139,8 @@ def _rank3_entries(rng: np.random.Generator) -> tuple[list[Entry], tuple[int, in
 @pytest.mark.parametrize("combiner", COMBINERS)
 @pytest.mark.parametrize("rank", [2, 3])
 def test_sparse(rank: int, combiner: str, weighted: bool, backend: str) -> None:
-    """SPEC 2.2/2.3: entries sharing all but the last index are one sample; unsorted and
-    duplicate indices are fine; every sample of dense_shape comes back, empty ones as 0."""
+    """docs/semantics.md §2.2/§2.3: entries sharing all but the last index are one sample; unsorted
+    and duplicate indices are fine; every sample of dense_shape comes back, empty ones as 0."""
     rng = np.random.default_rng(rank)
     entries, shape = _rank2_entries(rng) if rank == 2 else _rank3_entries(rng)
     table, values = make_table(combiner)
@@ -202,8 +203,8 @@ def test_ragged(combiner: str, weighted: bool, backend: str) -> None:
 @pytest.mark.parametrize("combiner", COMBINERS)
 @pytest.mark.parametrize("fmt", ["ragged", "sparse"])
 def test_zero_weight_sums(fmt: str, combiner: str, backend: str) -> None:
-    """SPEC 2.2/2.3, pitfall 10: a zero weight sum (mean) or sum of squares (sqrtn) gives 0,
-    like div_no_nan; negative weights pass through outside safe mode."""
+    """docs/semantics.md §2.2/§2.3, §6 pitfall 10: a zero weight sum (mean) or sum of squares
+    (sqrtn) gives 0, like div_no_nan; negative weights pass through outside safe mode."""
     rows = [[(1, 1.0), (2, -1.0)], [(3, 0.0), (4, 0.0)], [(5, 2.0)]]
     table, values = make_table(combiner, dim=5)
     if fmt == "ragged":
@@ -229,7 +230,8 @@ def test_zero_weight_sums(fmt: str, combiner: str, backend: str) -> None:
 )
 @pytest.mark.parametrize("fmt", ["ragged", "sparse"])
 def test_spec_worked_example(fmt: str, combiner: str, expected: list[float], backend) -> None:
-    """SPEC 2.3: P[r] = [2r, 2r+1]; row 0 holds ids 1 (weight 2.0) and 3 (weight 0.5)."""
+    """docs/semantics.md §2.3: P[r] = [2r, 2r+1]; row 0 holds ids 1 (weight 2.0) and 3 (weight
+    0.5)."""
     table = ec.TableConfig(
         5,
         2,
@@ -269,8 +271,8 @@ DROPPED = (10, 11)  # ids only in truncated positions
 @pytest.mark.parametrize("combiner", COMBINERS)
 @pytest.mark.parametrize("fmt", ["ragged", "sparse"])
 def test_sequence_lookup(fmt: str, combiner: str, backend: str) -> None:
-    """SPEC 2.4: (B, L, dim); sparse input truncates by column index, ragged by position;
-    missing positions are zeros; the table's combiner plays no part."""
+    """docs/semantics.md §2.4: (B, L, dim); sparse input truncates by column index, ragged by
+    position; missing positions are zeros; the table's combiner plays no part."""
     table, values = make_table(combiner)
     feature = ec.FeatureConfig(table, max_sequence_length=3)
     if fmt == "sparse":
@@ -293,8 +295,8 @@ def test_sequence_lookup(fmt: str, combiner: str, backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fmt", ["ragged", "sparse"])
 def test_sequence_padding_gets_no_gradient(fmt: str, backend: str) -> None:
-    """SPEC 2.4 / 3.1: a gradient of ones on every position moves each kept id by lr per
-    occurrence; truncated ids and padded positions (no id, not even id 0) update nothing."""
+    """docs/semantics.md §2.4 / §3.1: a gradient of ones on every position moves each kept id by lr
+    per occurrence; truncated ids and padded positions (no id, not even id 0) update nothing."""
     table, values = make_table("mean")
     engine = ec.EmbeddingEngine(
         ec.FeatureConfig(table, max_sequence_length=3), ec.SGD(learning_rate=0.5), backend=backend
@@ -319,7 +321,7 @@ def test_sequence_padding_gets_no_gradient(fmt: str, backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sequence_ignores_rank_3_with_a_warning(backend: str) -> None:
-    """SPEC 2.4: rank > 2 sparse input ignores max_sequence_length and combines."""
+    """docs/semantics.md §2.4: rank > 2 sparse input ignores max_sequence_length and combines."""
     table, values = make_table("sum")
     entries, shape = _rank3_entries(np.random.default_rng(3))
     ids, _ = sparse_input(entries, shape, weighted=False)
@@ -344,7 +346,8 @@ def test_sequence_ignores_rank_3_with_a_warning(backend: str) -> None:
     ],
 )
 def test_output_shape_dense(ids_shape, output_shape, expected, backend: str) -> None:
-    """SPEC 2.5: the activations take ``output_shape + [dim]``; one None/-1 is inferred."""
+    """docs/semantics.md §2.5: the activations take ``output_shape + [dim]``; one None/-1 is
+    inferred."""
     table, values = make_table("mean", dim=5)
     ids = np.random.default_rng(2).integers(VOCAB, size=ids_shape)
     feature = ec.FeatureConfig(table, output_shape=output_shape)
@@ -356,7 +359,7 @@ def test_output_shape_dense(ids_shape, output_shape, expected, backend: str) -> 
 @pytest.mark.parametrize("output_shape", [[2, 2], [None, 2], [4]])
 @pytest.mark.parametrize("fmt", ["ragged", "sparse"])
 def test_output_shape_pooled(fmt: str, output_shape, backend: str) -> None:
-    """SPEC 2.5: N == B samples combine as usual, then take the output shape."""
+    """docs/semantics.md §2.5: N == B samples combine as usual, then take the output shape."""
     rows = [[(1, 0.5), (2, 1.5)], [], [(3, 1.0), (3, 2.0), (7, 0.25)], [(4, 1.0)]]
     table, values = make_table("sqrtn", dim=5)
     if fmt == "ragged":
@@ -373,8 +376,8 @@ def test_output_shape_pooled(fmt: str, output_shape, backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("combiner", COMBINERS)
 def test_output_shape_multiple_of_ragged_batch_makes_sequences(combiner: str, backend) -> None:
-    """SPEC 2.5 / pitfall 12: prod(output_shape) = k * B turns each ragged row into a
-    sequence of length k; weights and combiner are ignored, with a warning for the weights."""
+    """docs/semantics.md §2.5 / §6 pitfall 12: prod(output_shape) = k * B turns each ragged row into
+    a sequence of length k; weights and combiner are ignored, with a warning for the weights."""
     rows = [[(1, 0.5), (2, 2.0), (5, 3.0), (6, 1.0)], [(3, 0.25)]]
     table, values = make_table(combiner, dim=5)
     feature = ec.FeatureConfig(table, output_shape=[2, 3])
@@ -421,7 +424,7 @@ SAFE_ROWS = [
 def test_safe_lookup_prunes_as_safe_embedding_lookup_sparse(
     fmt: str, combiner: str, backend: str
 ) -> None:
-    """SPEC 2.8 / pitfall 8."""
+    """docs/semantics.md §2.8 / §6 pitfall 8."""
     table, values = make_table(combiner, safe_lookup=True)
     if fmt == "ragged":
         ids, weights = ragged_input(SAFE_ROWS)
@@ -473,7 +476,8 @@ def test_safe_lookup_pruned_ids_are_not_touched(combiner: str, backend: str) -> 
 
 @pytest.mark.parametrize("safe_lookup", [False, True])
 def test_out_of_range_ids_raise(safe_lookup: bool) -> None:
-    """SPEC 2.9: ids >= vocab always raise; ids < 0 raise unless the lookup is safe."""
+    """docs/semantics.md §2.9: ids >= vocab always raise; ids < 0 raise unless the lookup is
+    safe."""
     table, _ = make_table("sum", safe_lookup=safe_lookup)
     engine = ec.EmbeddingEngine(ec.FeatureConfig(table))
     with pytest.raises(ValueError, match=r"id 12 .*vocabulary_size 12"):

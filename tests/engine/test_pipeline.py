@@ -1,4 +1,5 @@
-"""Pipelined execution (SPEC 4.5), prepared batches and the statistics hook of the engine."""
+"""Pipelined execution (docs/semantics.md §4.5), prepared batches and the statistics hook of the
+engine."""
 
 from __future__ import annotations
 

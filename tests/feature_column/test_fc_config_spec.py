@@ -299,7 +299,8 @@ def test_table_optimizers_apply_clipping_rates_and_overrides():
 
 
 def test_v1_zero_learning_rate_is_honoured():
-    t = fc.V1TableConfig(10, 4, learning_rate=0.0)  # SPEC pitfall 26: 0.0 is not "unset"
+    # docs/semantics.md §6 pitfall 26: 0.0 is not "unset"
+    t = fc.V1TableConfig(10, 4, learning_rate=0.0)
     spec = fc.EmbeddingConfigSpec(
         feature_to_config_dict={"f": fc.V1FeatureConfig("t")},
         table_to_config_dict={"t": t},

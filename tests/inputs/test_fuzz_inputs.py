@@ -6,7 +6,7 @@ invariants: entries shuffled, indices repeated, negative or outside a dense_shap
 small.
 
 The oracle is independent: validity is decided here from the raw input, and results are
-compared with the NumPy model of ``numpy_reference`` (SPEC 2).
+compared with the NumPy model of ``numpy_reference`` (docs/semantics.md §2).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def test_shared_table_and_mixed_optimizers_in_one_step() -> None:
 
 
 def test_duplicate_ids_sum_gradients_before_one_update() -> None:
-    """Adagrad squares the summed gradient once (SPEC 3.1), not the sum of squares."""
+    """Adagrad squares the summed gradient once (docs/semantics.md §3.1), not the sum of squares."""
     state = make_state(ec.Adagrad(learning_rate=1.0, initial_accumulator_value=1.0), 4, 2, 0)
     state.weight.zero_()
     state.slots["accumulators"].fill_(1.0)

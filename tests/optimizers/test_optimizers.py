@@ -1,4 +1,4 @@
-"""Engine training against an independent NumPy float64 model of SPEC section 3.
+"""Engine training against an independent NumPy float64 model of docs/semantics.md §3.
 
 Each optimizer of the conformance list (``engine_cases.OPTIMIZER_CASES``) trains the shared
 scenario (two tables, four features sharing them, a sequence feature, duplicates, empty samples,
@@ -167,7 +167,7 @@ def test_training_matches_numpy_reference(case: OptCase, backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", OPTIMIZER_CASES, ids=OPTIMIZER_IDS)
 def test_none_gradients_are_zeros_and_warn(case: OptCase, backend: str) -> None:
-    """SPEC 3.15: a None gradient sends zeros (with a warning), which still touch the
+    """docs/semantics.md §3.15: a None gradient sends zeros (with a warning), which still touch the
     looked-up rows: Adam and AdagradMomentum rows keep moving, FTRL rows are recomputed."""
     engine, model, values, rng = build(case, backend, seed=2)
     lr = {"a": case.hp["learning_rate"], "b": case.hp["learning_rate"]}
@@ -265,8 +265,8 @@ CALLABLE_LR_CASES = [
 def test_callable_learning_rate_once_per_step_shared_by_two_tables(
     case: OptCase, backend: str
 ) -> None:
-    """SPEC 3.13 / 7: one call per step and per distinct callable, its value used by every
-    table holding it; both FTRL forms follow the rate's changes as the NumPy model does."""
+    """docs/semantics.md §3.13 / §7: one call per step and per distinct callable, its value used by
+    every table holding it; both FTRL forms follow the rate's changes as the NumPy model does."""
     schedule = CountingSchedule([0.1, 0.03, 0.2, 0.07, 0.15])
     rng = np.random.default_rng(3)
     ta, tb, values = scenario_tables(rng, *COMBINERS.values())
@@ -311,8 +311,8 @@ MIXED = [
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("id_a", "id_b"), MIXED, ids=[f"{a}+{b}" for a, b in MIXED])
 def test_tables_with_different_optimizers(id_a: str, id_b: str, backend: str) -> None:
-    """SPEC 1.13: a TableConfig's own optimizer wins over the engine's; each table follows
-    its own rule in the same step."""
+    """docs/semantics.md §1.13: a TableConfig's own optimizer wins over the engine's; each table
+    follows its own rule in the same step."""
     case_a, case_b = (next(c for c in OPTIMIZER_CASES if c.id == i) for i in (id_a, id_b))
     rng = np.random.default_rng(5)
     ta, tb, values = scenario_tables(rng, *COMBINERS.values())
@@ -348,7 +348,7 @@ def _one_table_engine(optimizer: ec.Optimizer, init: np.ndarray, backend: str, c
 def test_duplicates_within_and_across_features_are_summed_before_one_update(
     backend: str,
 ) -> None:
-    """SPEC 3.1 / 2.6: Adagrad's accumulator grows by (sum g)^2, not by sum(g^2)."""
+    """docs/semantics.md §3.1 / §2.6: Adagrad's accumulator grows by (sum g)^2, not by sum(g^2)."""
     init = np.full((4, 3), 0.5, dtype=np.float32)
     engine = _one_table_engine(ec.Adagrad(learning_rate=0.1), init, backend)
     rows = [[(1, 1.0), (1, 1.0), (2, 1.0)]]  # row 1 twice in x's only sample
@@ -410,7 +410,7 @@ def test_duplicates_within_and_across_features_are_summed_before_one_update(
 def test_weight_decay_happens_before_the_update(
     multiply: bool, expected: float, backend: str
 ) -> None:
-    """SPEC 3.12: w <- w - wd_eff * w on touched rows, then the optimizer's rule."""
+    """docs/semantics.md §3.12: w <- w - wd_eff * w on touched rows, then the optimizer's rule."""
     init = np.ones((3, 2), dtype=np.float32)
     opt = ec.SGD(
         learning_rate=0.1,
@@ -432,7 +432,8 @@ def test_weight_decay_happens_before_the_update(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_weight_clipping_only_touches_updated_rows(backend: str) -> None:
-    """SPEC 3.11 / pitfall 29: a zero-gradient touch clips an out-of-range row; others stay."""
+    """docs/semantics.md §3.11 / §6 pitfall 29: a zero-gradient touch clips an out-of-range row;
+    others stay."""
     init = np.array([[2.0, -2.0], [2.0, -2.0], [0.1, 0.2]], dtype=np.float32)
     opt = ec.SGD(learning_rate=0.1, clip_weight_min=-1.0, clip_weight_max=1.5)
     engine = _one_table_engine(opt, init, backend)
@@ -457,8 +458,8 @@ def test_weight_clipping_only_touches_updated_rows(backend: str) -> None:
 )
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_clipvalue_clamps_the_summed_gradient(clipvalue, expected, backend: str) -> None:
-    """SPEC 3.10 / pitfall 15: element-wise clamp of the summed row gradient; either side may be
-    None; a list works like a tuple."""
+    """docs/semantics.md §3.10 / §6 pitfall 15: element-wise clamp of the summed row gradient;
+    either side may be None; a list works like a tuple."""
     init = np.zeros((2, 3), dtype=np.float32)
     engine = _one_table_engine(ec.SGD(learning_rate=1.0, clipvalue=clipvalue), init, backend)
     engine.enqueue({"x": torch.tensor([1]), "y": torch.tensor([1])})
@@ -476,21 +477,21 @@ def test_clipvalue_clamps_the_summed_gradient(clipvalue, expected, backend: str)
 @pytest.mark.parametrize(
     ("make", "words"),
     [
-        # SPEC 1.3
+        # docs/semantics.md §1.3
         (lambda: ec.Adagrad(initial_accumulator_value=0.0), ["initial_accumulator_value", "0"]),
         (lambda: ec.Adagrad(initial_accumulator_value=-0.5), ["initial_accumulator_value", "-0.5"]),
-        # SPEC 1.4
+        # docs/semantics.md §1.4
         (lambda: ec.AdagradMomentum(epsilon=0.0), ["epsilon", "0"]),
         (lambda: ec.AdagradMomentum(epsilon=-1e-3), ["epsilon", "-0.001"]),
         (lambda: ec.AdagradMomentum(exponent=0), ["exponent", "0"]),
         (lambda: ec.AdagradMomentum(exponent=-2.0), ["exponent", "-2"]),
-        # SPEC 1.5 and pitfall 16: the messages name the right field
+        # docs/semantics.md §1.5 and §6 pitfall 16: the messages name the right field
         (lambda: ec.Adam(beta_1=1.0), ["beta_1", "1.0"]),
         (lambda: ec.Adam(beta_1=-0.1), ["beta_1", "-0.1"]),
         (lambda: ec.Adam(beta_2=1.0), ["beta_2", "1.0"]),
         (lambda: ec.Adam(beta_2=1.5), ["beta_2", "1.5"]),
         (lambda: ec.Adam(epsilon=0.0), ["epsilon", "0"]),
-        # SPEC 1.6 and pitfall 17
+        # docs/semantics.md §1.6 and §6 pitfall 17
         (lambda: ec.FTRL(initial_accumulator_value=-0.1), ["initial_accumulator_value", "-0.1"]),
         (lambda: ec.FTRL(learning_rate_power=0.5), ["learning_rate_power", "0.5"]),
         (lambda: ec.FTRL(l1_regularization_strength=-1.0), ["l1_regularization_strength", "-1"]),
@@ -523,7 +524,8 @@ def test_adam_beta_2_message_does_not_blame_beta_1() -> None:
 
 
 def test_non_lazy_adam_without_accumulation_says_to_turn_it_on() -> None:
-    """SPEC 1.5 / pitfall 16: TF's message says to set the flag to False, which is backwards."""
+    """docs/semantics.md §1.5 / §6 pitfall 16: TF's message says to set the flag to False, which is
+    backwards."""
     with (
         pytest.raises(ValueError, match=r"use_gradient_accumulation=True") as info,
         pytest.warns(UserWarning, match="use_gradient_accumulation"),
@@ -535,7 +537,8 @@ def test_non_lazy_adam_without_accumulation_says_to_turn_it_on() -> None:
 
 def test_accepted_values_at_the_edges() -> None:
     """FTRL allows a zero accumulator (pitfall 17) and power 0; a clipvalue list equals the
-    tuple; AdagradMomentum does not range-check momentum (SPEC 1.4) and takes beta2 in [0, 1]."""
+    tuple; AdagradMomentum does not range-check momentum (docs/semantics.md §1.4) and takes beta2 in
+    [0, 1]."""
     ec.FTRL(initial_accumulator_value=0.0, learning_rate_power=0.0)
     assert ec.SGD(clipvalue=[-0.5, 1.0]).clipvalue == ec.SGD(clipvalue=(-0.5, 1.0)).clipvalue
     assert ec.SGD(clipvalue=2.0).clipvalue == (-2.0, 2.0)

@@ -157,7 +157,8 @@ def test_checkpoint_load_refuses_what_does_not_fit(tmp_path):
 
 
 def test_checkpoint_is_a_plain_full_table(tmp_path):
-    """The stored tensors are (vocab, dim), readable without embcore (SPEC pitfall 22)."""
+    """The stored tensors are (vocab, dim), readable without embcore
+    (docs/semantics.md §6 pitfall 22)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     mod = h.Case("row_wise:mod", "adagrad", 1).plan()

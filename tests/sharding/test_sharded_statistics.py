@@ -2,7 +2,8 @@
 
 Two and three gloo ranks train under plans that put every table under every scheme, profiling
 every batch; rank 0 writes the sum of the ranks' statistics. The per-rank counts are checked
-against a NumPy count of the same batches, with the SPEC 4.1 row maps written out here.
+against a NumPy count of the same batches, with the docs/semantics.md §4.1 row maps written out
+here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.multiprocess
 
 FEATURES = {"a": ("a1", "a2"), "b": ("b",), "c": ("c_pool", "c_seq")}
 VOCAB = {name: shape[0] for name, shape in h.SHAPES.items()}
-SEQUENCE = {"c_seq": 3}  # max_sequence_length: later positions are dropped (SPEC 2.4)
+SEQUENCE = {"c_seq": 3}  # max_sequence_length: later positions are dropped (docs/semantics.md §2.4)
 
 
 def ids_of(feature: str, value: object) -> np.ndarray:
@@ -39,8 +40,8 @@ def ids_of(feature: str, value: object) -> np.ndarray:
 
 
 def shard_numpy(ids: np.ndarray, vocab: int, shards: int, strategy: str) -> np.ndarray:
-    """SPEC 4.1: ``mod`` is ``i % P``; ``div`` is the contiguous split whose first ``N % P``
-    shards hold one row more (shard p starts at ``p * q + min(p, x)``)."""
+    """docs/semantics.md §4.1: ``mod`` is ``i % P``; ``div`` is the contiguous split whose first
+    ``N % P`` shards hold one row more (shard p starts at ``p * q + min(p, x)``)."""
     if strategy == "mod":
         return ids % shards
     q, x = divmod(vocab, shards)

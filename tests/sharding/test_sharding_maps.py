@@ -1,4 +1,5 @@
-"""The div and mod row maps follow SPEC 4.1 exactly, including empty shards (N < P)."""
+"""The div and mod row maps follow docs/semantics.md §4.1 exactly, including empty shards (N <
+P)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from embcore.sharding import maps
 
 
 def spec_div_shard(i: int, n: int, p: int) -> int:
-    """SPEC 4.1's formula, written as stated (q > 0 only)."""
+    """docs/semantics.md §4.1's formula, written as stated (q > 0 only)."""
     q, x = divmod(n, p)
     return max(i // (q + 1), (i - x) // q)
 

@@ -1,4 +1,5 @@
-"""``train.pipeline`` reaches the engine: the main job can run pipelined (SPEC 4.5)."""
+"""``train.pipeline`` reaches the engine: the main job can run pipelined
+(docs/semantics.md §4.5)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``EmbeddingConfigSpec``: what an :class:`~embcore.estimator.Estimator` embeds and how it
-trains the tables (SPEC 1.20), plus the v1 ``TableConfig``/``FeatureConfig`` of its dict form.
+trains the tables (docs/semantics.md §1.20), plus the v1 ``TableConfig``/``FeatureConfig`` of its
+dict form.
 
 Two ways to say what to embed, exactly one of which is given:
 
@@ -12,7 +13,8 @@ How each table is trained::
 
     optimizer  = embcore optimizer of (the table's optimization_parameters or the spec's)
     rate       = learning_rate_fn(global_step)  if the column / table has one
-               = table learning_rate            if not None (0.0 freezes it; SPEC pitfall 26)
+               = table learning_rate            if not None (0.0 freezes it;
+                                                docs/semantics.md §6 pitfall 26)
                = the optimizer's learning_rate  otherwise
     clipvalue  = (-clipping_limit, clipping_limit) intersected with the optimizer's own clip
     gradients  = d(loss)/d(activation) * experimental_gradient_multiplier_fn(global_step)
@@ -140,15 +142,15 @@ class EmbeddingConfigSpec:
             or ``StochasticGradientDescentParameters`` (an embcore optimizer also works), for
             every table without its own.
         clipping_limit: clip every summed row gradient to ``[-limit, limit]`` (TensorFlow
-            stores and ignores it; embcore applies it, SPEC pitfall 23).
+            stores and ignores it; embcore applies it, docs/semantics.md §6 pitfall 23).
         pipeline_execution_with_tensor_core: pipelined training (one-step-stale activations,
-            SPEC 4.5), handed to the engine.
+            docs/semantics.md §4.5), handed to the engine.
         experimental_gradient_multiplier_fn: ``fn(global_step) -> float`` multiplying every
             activation gradient.
         feature_to_config_dict, table_to_config_dict: the dict form (v1 configs).
         partition_strategy: ``"div"`` or ``"mod"`` row sharding across processes; with one
             process both store the same table.
-        profile_data_directory: where the engine writes lookup statistics (SPEC 4.6).
+        profile_data_directory: where the engine writes lookup statistics (docs/semantics.md §4.6).
 
     Raises:
         ValueError: neither or both of the two forms, an unknown partition strategy, missing

@@ -1,4 +1,5 @@
-"""Embedding columns: a categorical column looked up in an embedding table (SPEC 1.18).
+"""Embedding columns: a categorical column looked up in an embedding table
+(docs/semantics.md §1.18).
 
 ``embedding_column(categorical, dimension)`` gives a column with its own table named
 ``"tbl_" + categorical.name``; ``shared_embedding_columns([a, b], dimension)`` gives one column
@@ -161,7 +162,7 @@ def _check_table_args(
     tensor_core_shape: Any,
     use_safe_embedding_lookup: Any,
 ) -> dict[str, Any]:
-    """The checks every embedding column makes (SPEC 1.18), in TensorFlow's order."""
+    """The checks every embedding column makes (docs/semantics.md §1.18), in TensorFlow's order."""
     dimension = check_int(owner, "dimension", dimension, minimum=1)
     shape = None
     if tensor_core_shape is not None:

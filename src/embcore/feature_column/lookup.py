@@ -258,9 +258,9 @@ class EmbeddingLookup(nn.Module):
 def _dense_lookup(
     column: EmbeddingColumn, table: Tensor, col: ColumnIds, device: torch.device
 ) -> Tensor:
-    """The TensorCore lookup (SPEC 1.18): ids densified to ``[B, width]`` (ids at positions,
-    i.e. column indices, >= width dropped), ``sum`` or ``mean`` (``Σe / max(count, 1)``: empty
-    rows are 0); weights ignored."""
+    """The TensorCore lookup (docs/semantics.md §1.18): ids densified to ``[B, width]`` (ids at
+    positions, i.e. column indices, >= width dropped), ``sum`` or ``mean`` (``Σe / max(count, 1)``:
+    empty rows are 0); weights ignored."""
     batch_dim, width = column.table.tensor_core_shape  # type: ignore[misc]
     rows = len(col.row_splits) - 1
     if batch_dim is not None and batch_dim != rows:

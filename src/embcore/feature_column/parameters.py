@@ -1,4 +1,5 @@
-"""The v1 optimization parameter classes (SPEC 1.19), each mapped onto an embcore optimizer.
+"""The v1 optimization parameter classes (docs/semantics.md §1.19), each mapped onto an embcore
+optimizer.
 
 ``AdagradParameters(0.1)`` is what TPUEstimator code passes to ``EmbeddingConfigSpec``; the
 engine runs ``embcore.Adagrad(learning_rate=0.1, initial_accumulator_value=0.1)``. Field by

@@ -14,8 +14,8 @@ row splits. Values are ``int64``, ``float64`` or Python ``str`` (in an object ar
 
 Dense (rectangular) inputs drop their padding entries, ``-1`` for integers and ``""`` for
 strings, as TensorFlow's feature columns do; nothing else is ever dropped (in particular id 0
-is an id, SPEC pitfall 24). Ragged and sparse inputs keep every entry they list. pyarrow nulls
-are missing values: a null row is an empty row, a null inside a list is an error.
+is an id, docs/semantics.md §6 pitfall 24). Ragged and sparse inputs keep every entry they list.
+pyarrow nulls are missing values: a null row is an empty row, a null inside a list is an error.
 
 Each value also has a *position* in its row, which sequence columns embed at (TensorFlow's
 ``indices[:, 1]``)::

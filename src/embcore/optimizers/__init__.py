@@ -1,4 +1,4 @@
-"""Embedding optimizers: frozen specs with a readable per-row update (SPEC section 3)."""
+"""Embedding optimizers: frozen specs with a readable per-row update (docs/semantics.md §3)."""
 
 from embcore.optimizers.adagrad import Adagrad
 from embcore.optimizers.adagrad_momentum import AdagradMomentum

@@ -1,4 +1,4 @@
-"""Adagrad (SPEC 1.3, 3.3)."""
+"""Adagrad (docs/semantics.md §1.3, §3.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adagrad with momentum (SPEC 1.4, 3.4; arXiv 2002.11803)."""
+"""Adagrad with momentum (docs/semantics.md §1.4, §3.4; arXiv 2002.11803)."""
 
 from __future__ import annotations
 

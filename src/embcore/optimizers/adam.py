@@ -1,4 +1,5 @@
-"""Adam as the TPU embedding engine runs it (SPEC 1.5, 3.6): no bias correction by default."""
+"""Adam as the TPU embedding engine runs it (docs/semantics.md §1.5, §3.6): no bias correction by
+default."""
 
 from __future__ import annotations
 

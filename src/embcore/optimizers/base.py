@@ -1,7 +1,7 @@
 """The optimizer contract: a frozen spec plus a readable per-row update.
 
-An embedding optimizer lives inside the engine (SPEC section 3). Each step, for every table, the
-engine sums the gradient of every occurrence of every touched row (over all features sharing the
+An embedding optimizer lives inside the engine (docs/semantics.md §3). Each step, for every table,
+the engine sums the gradient of every occurrence of every touched row (over all features sharing the
 table), then calls :meth:`Optimizer.apply` once on the touched rows:
 
     g = clamp(g, clip_gradient_min, clip_gradient_max)            # clipvalue, per element
@@ -88,12 +88,12 @@ def _check_optional_real(owner: str, field: str, value: Any, **bounds: Any) -> f
 
 @dataclass(frozen=True, kw_only=True)
 class Optimizer:
-    """Fields shared by every embedding optimizer (SPEC 1.1).
+    """Fields shared by every embedding optimizer (docs/semantics.md §1.1).
 
     Attributes:
         use_gradient_accumulation: accepted for compatibility. embcore always sums a row's
             gradients before one update (the TensorFlow default); ``False`` warns and changes
-            nothing (SPEC 3.9, pitfall 32).
+            nothing (docs/semantics.md §3.9, §6 pitfall 32).
         clip_weight_min, clip_weight_max: clamp the updated rows after the update; ``None`` is
             unbounded.
         weight_decay_factor: decoupled decay of the touched rows before the update; ``None`` or
@@ -105,7 +105,7 @@ class Optimizer:
             {name: tensor}`` that creates the slots instead of the built-in constants;
             ``slot_initializers[i](shape, dtype)`` returns the built-in initial value.
         low_dimensional_packing_status: accepted and ignored; a TPU memory layout with no
-            numerical effect in a correct implementation (SPEC 3.17).
+            numerical effect in a correct implementation (docs/semantics.md §3.17).
     """
 
     use_gradient_accumulation: bool = True

@@ -1,4 +1,4 @@
-"""FTRL-Proximal (SPEC 1.6, 3.7), in both of TensorFlow's forms."""
+"""FTRL-Proximal (docs/semantics.md §1.6, §3.7), in both of TensorFlow's forms."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ class FTRL(Optimizer):
         w      <- (clamp(lin, -a * l1, a * l1) - lin) / (acc_new^p + beta + 2 * a * l2)
 
     The new weight is recomputed from the slots, so a touched row forgets its initial value
-    (SPEC pitfall 28). ``accumulators`` start at ``initial_accumulator_value`` (>= 0; zero is
-    supported, unlike TF2's check), ``linears`` at 0. ``allow_zero_accumulator`` is accepted
-    and ignored (deprecated in TensorFlow; zero accumulators always work here).
+    (docs/semantics.md §6 pitfall 28). ``accumulators`` start at ``initial_accumulator_value`` (>=
+    0; zero is supported, unlike TF2's check), ``linears`` at 0. ``allow_zero_accumulator`` is
+    accepted and ignored (deprecated in TensorFlow; zero accumulators always work here).
 
     The learning rate must be > 0, as TensorFlow's ``ApplyFtrl`` requires: the update divides
     by it (a constant 0 is refused here, a callable returning 0 at the step).
@@ -90,8 +90,8 @@ class FTRL(Optimizer):
             lin = slots["linears"] + grad - (acc_pow_new - acc_pow) / lr * weights
             limit = l1
             quad = (acc_pow_new + beta) / lr + 2 * l2
-        # w = 0 where |lin| <= limit (SPEC 3.7). Spelled out because with a zero accumulator
-        # and a zero gradient (beta = l2 = 0) quad is 0 too, and 0 / 0 would give NaN.
+        # w = 0 where |lin| <= limit (docs/semantics.md §3.7). Spelled out because with a zero
+        # accumulator and a zero gradient (beta = l2 = 0) quad is 0 too, and 0 / 0 would give NaN.
         numer = torch.clamp(lin, -limit, limit) - lin
         new_weights = torch.where(numer == 0, torch.zeros_like(numer), numer / quad)
         return new_weights, {"accumulators": acc_new, "linears": lin}

@@ -1,4 +1,4 @@
-"""Stochastic gradient descent (SPEC 1.2, 3.2)."""
+"""Stochastic gradient descent (docs/semantics.md §1.2, §3.2)."""
 
 from __future__ import annotations
 
