@@ -115,6 +115,21 @@ def test_checkpoint_round_trip_and_strictness(tmp_path):
         tf.train.Checkpoint(model=3)
 
 
+def test_a_damaged_checkpoint_file_is_refused_by_name(tmp_path):
+    a = nn.Linear(64, 64)
+    path = tf.train.Checkpoint(model=a).save(str(tmp_path / "ck"))
+    assert [p.name for p in tmp_path.iterdir()] == ["ck-1.safetensors"]  # no temporary left
+    file = tmp_path / "ck-1.safetensors"
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0x01  # a bit of the weights
+    file.write_bytes(bytes(data))
+    b = nn.Linear(64, 64)
+    before = b.weight.detach().clone()
+    with pytest.raises(ValueError, match="ck-1.safetensors"):
+        tf.train.Checkpoint(model=b).restore(path)
+    assert torch.equal(b.weight, before)
+
+
 def test_tf_namespace_has_the_seed_paths():
     assert tf.tpu.experimental.embedding.TPUEmbedding is tpu.TPUEmbedding
     assert tf.compat.v1.tpu.experimental.embedding_column is tpu.embedding_column

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import embcore as ec
+from embcore._atomic import write_atomic
 from embcore.config import resolve
 from embcore.errors import UserError, reading
 from embcore.sharding import ShardingPlan, estimate, plan
@@ -359,9 +359,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, text.encode())

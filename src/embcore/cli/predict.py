@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
+from embcore._atomic import write_atomic
 from embcore.errors import UserError, reading
 
 if TYPE_CHECKING:
@@ -79,20 +79,18 @@ def _write(path: str, report: PredictReport) -> None:
     target = Path(path)
     if target.is_dir():
         raise UserError(f"--output {path}: is a directory, expected a .npy or CSV file name")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            if path.endswith(".npy"):
-                np.save(f, report.logits)
-            else:
-                prob = 1.0 / (1.0 + np.exp(-report.logits.astype(np.float64)))
-                f.write(b"label,logit,probability\n")
-                for y, z, p in zip(report.labels, report.logits, prob, strict=True):
-                    label = "" if np.isnan(y) else str(int(y))
-                    f.write(f"{label},{z:.9g},{p:.9g}\n".encode())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    def scores(f: BinaryIO) -> None:
+        if path.endswith(".npy"):
+            np.save(f, report.logits)
+        else:
+            prob = 1.0 / (1.0 + np.exp(-report.logits.astype(np.float64)))
+            f.write(b"label,logit,probability\n")
+            for y, z, p in zip(report.labels, report.logits, prob, strict=True):
+                label = "" if np.isnan(y) else str(int(y))
+                f.write(f"{label},{z:.9g},{p:.9g}\n".encode())
+
+    write_atomic(target, scores)
 
 
 def _check_bundle_files(root: Path) -> None:

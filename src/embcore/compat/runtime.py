@@ -17,7 +17,6 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -185,7 +184,8 @@ class Checkpoint:
         self.save_counter = 0
 
     def save(self, file_prefix: str | os.PathLike) -> str:
-        import safetensors.torch
+        # the main job's file format: written atomically, every tensor's sha256 checked on read
+        from embcore.train.run_state import save_checkpoint
 
         self.save_counter += 1
         path = f"{os.fspath(file_prefix)}-{self.save_counter}"
@@ -194,17 +194,16 @@ class Checkpoint:
             for name, obj in self._objects.items()
             for key, value in obj.state_dict().items()
         }
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        safetensors.torch.save_file(tensors, path + ".safetensors")
+        save_checkpoint(path + ".safetensors", tensors, {"saved_by": "embcore.compat.Checkpoint"})
         return path
 
     def restore(self, save_path: str | os.PathLike) -> _Status:
-        import safetensors.torch
+        from embcore.train.run_state import load_checkpoint
 
         path = os.fspath(save_path)
         if not path.endswith(".safetensors"):
             path += ".safetensors"
-        tensors = safetensors.torch.load_file(path)
+        tensors, _ = load_checkpoint(path)
         for name, obj in self._objects.items():
             prefix = name + "/"
             obj.load_state_dict(

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import embcore as ec
+from embcore._atomic import write_atomic
 from embcore.errors import UserError, reading
 from embcore.models import DLRM
 from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
@@ -350,8 +351,8 @@ def _write_outputs(result: TrainResult, echo: Echo) -> None:
         "checkpoint": str(result.checkpoint),
         "skipped_rows": result.skipped_rows,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "history.json").write_text(json.dumps(result.history, indent=2) + "\n")
+    write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+    write_atomic(out / "history.json", (json.dumps(result.history, indent=2) + "\n").encode())
     if result.config.train.plot:
         plot_curves(result.history, result.best, out / "curves.png")
     echo(summary_table(result.config, summary, out))
