@@ -33,6 +33,7 @@ def _apply_once(ctx: Any, grads: list[Tensor | None], whole: Tensor | None = Non
     checked, error = engine._check(ctx.batches, shaped)
     engine._update(ctx.batches, checked, error, whole)
     ctx.applied = True
+    ctx.engine = ctx.batches = None  # the node may outlive this step: let the engine go
 
 
 class LookupWithUpdate(torch.autograd.Function):

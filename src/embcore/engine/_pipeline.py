@@ -9,6 +9,7 @@ thread while the caller computes on the new activations. See docs/architecture.m
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,7 +30,9 @@ class UpdatePipeline:
     """
 
     def __init__(self, apply: Callable[..., None]) -> None:
-        self._apply = apply
+        # a weak reference: the engine owns its pipeline, and a cycle back to it would keep a
+        # freed engine's tables in memory until the garbage collector's second pass
+        self._apply = weakref.WeakMethod(apply)  # type: ignore[arg-type]
         self.deferred: tuple[Any, ...] | None = None
         self._inflight: Future | None = None
 
@@ -45,7 +48,7 @@ class UpdatePipeline:
         ``background`` (its error surfaces at the next :meth:`wait`)."""
         if self.deferred is not None and background:
             deferred, self.deferred = self.deferred, None
-            self._inflight = _update_thread.submit(self._apply, *deferred)
+            self._inflight = _update_thread.submit(self._apply(), *deferred)
         else:
             self.flush()
 
@@ -60,7 +63,7 @@ class UpdatePipeline:
         self.wait()
         if self.deferred is not None:
             deferred, self.deferred = self.deferred, None
-            self._apply(*deferred)
+            self._apply()(*deferred)  # type: ignore[misc]
 
     def discard(self) -> None:
         """Drop the deferred update (the tables were replaced: it no longer applies)."""
