@@ -125,7 +125,7 @@ def test_a_damaged_checkpoint_file_is_refused_by_name(tmp_path):
     file.write_bytes(bytes(data))
     b = nn.Linear(64, 64)
     before = b.weight.detach().clone()
-    with pytest.raises(ValueError, match="ck-1.safetensors"):
+    with pytest.raises(ValueError, match=r"ck-1\.safetensors"):
         tf.train.Checkpoint(model=b).restore(path)
     assert torch.equal(b.weight, before)
 

@@ -16,7 +16,7 @@ import torch
 
 import embcore as ec
 from embcore.sharding import ShardingPlan, TableShard
-from embcore.sharding.engine import ShardedEmbeddingEngine
+from embcore.sharding.compat import ShardedEmbeddingEngine
 from embcore.sharding.schemes import SCHEMES, Scheme
 
 

@@ -138,7 +138,7 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
         self.skipped_steps = 0
         self._pending: Pending | None = None
-        self._pipeline = UpdatePipeline(self._apply_update)
+        self._pipeline = UpdatePipeline()
         self._stats = None
         if profile_data_directory is not None:
             self._stats = StatsCollector(
@@ -363,7 +363,7 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
             return
         rates = learning_rates(self._tables, self._step + 1)
         if self.pipelined:
-            self._pipeline.defer(batches, grads, rates)  # a background update may still run
+            self._pipeline.defer(self._apply_update, batches, grads, rates)  # one may still run
         else:
             self._apply_update(batches, grads, rates)
 

@@ -9,7 +9,6 @@ thread while the caller computes on the new activations. See docs/architecture.m
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,26 +28,26 @@ class UpdatePipeline:
         apply: applies an update, called with the arguments given to :meth:`defer`.
     """
 
-    def __init__(self, apply: Callable[..., None]) -> None:
-        # a weak reference: the engine owns its pipeline, and a cycle back to it would keep a
-        # freed engine's tables in memory until the garbage collector's second pass
-        self._apply = weakref.WeakMethod(apply)  # type: ignore[arg-type]
-        self.deferred: tuple[Any, ...] | None = None
+    def __init__(self) -> None:
+        # the update and the function applying it, kept only until they run: a pipeline that
+        # held its engine's method for good would tie the two in a reference cycle, keeping a
+        # dropped engine's tables in memory until the garbage collector runs
+        self.deferred: tuple[Callable[..., None], tuple[Any, ...]] | None = None
         self._inflight: Future | None = None
 
-    def defer(self, *update: Any) -> None:
-        """Keep an update until after the next lookup (two updates in a row: the first is
-        applied now)."""
+    def defer(self, apply: Callable[..., None], *update: Any) -> None:
+        """Keep ``apply(*update)`` until after the next lookup (two updates in a row: the
+        first is applied now)."""
         if self.deferred is not None:
             self.flush()
-        self.deferred = update
+        self.deferred = (apply, update)
 
     def after_lookup(self, background: bool) -> None:
         """A lookup has read the tables: apply the deferred update, on the update thread when
         ``background`` (its error surfaces at the next :meth:`wait`)."""
         if self.deferred is not None and background:
-            deferred, self.deferred = self.deferred, None
-            self._inflight = _update_thread.submit(self._apply(), *deferred)
+            (apply, update), self.deferred = self.deferred, None
+            self._inflight = _update_thread.submit(apply, *update)
         else:
             self.flush()
 
@@ -62,8 +61,8 @@ class UpdatePipeline:
         """Apply the deferred update now, after any background one (no-op without one)."""
         self.wait()
         if self.deferred is not None:
-            deferred, self.deferred = self.deferred, None
-            self._apply()(*deferred)  # type: ignore[misc]
+            (apply, update), self.deferred = self.deferred, None
+            apply(*update)
 
     def discard(self) -> None:
         """Drop the deferred update (the tables were replaced: it no longer applies)."""

@@ -10,7 +10,7 @@ concatenation of all ranks' batches. See ``docs/sharding.md``.
 * :mod:`~embcore.sharding.schemes`: :data:`SCHEMES`, one module per scheme;
 * :mod:`~embcore.sharding.maps`: the ``div``/``mod`` row maps;
 * :mod:`~embcore.sharding._store`: :class:`ShardedStore`, where a sharded engine keeps its
-  tables; :mod:`~embcore.sharding.engine`: the ``ShardedEmbeddingEngine`` compatibility name.
+  tables; :mod:`~embcore.sharding.compat`: the ``ShardedEmbeddingEngine`` compatibility name.
 """
 
 from embcore.sharding.plan import ShardingPlan, TableShard
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> object:
     # ShardedEmbeddingEngine imports embcore.engine, which `import embcore` loads without
     # loading this package (whose planner imports are heavier): resolve it on first use.
     if name == "ShardedEmbeddingEngine":
-        from embcore.sharding.engine import ShardedEmbeddingEngine
+        from embcore.sharding.compat import ShardedEmbeddingEngine
 
         return ShardedEmbeddingEngine
     raise AttributeError(f"module 'embcore.sharding' has no attribute {name!r}")

@@ -13,7 +13,6 @@ rank; checkpoints read each rank's chunks through ``tensors()`` without gatherin
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embcore import ops
+from embcore._fingerprint import fingerprint64
 from embcore.engine._store import Chunks, StoreConfig, stored_names
 from embcore.inputs import FeatureBatch
 from embcore.sharding.comm import Comm
@@ -131,10 +131,7 @@ class ShardedStore:
                 seed,
             )
         )
-        digest = hashlib.blake2b(described.encode(), digest_size=8).digest()
-        fingerprint = int.from_bytes(digest, "little") & ((1 << 62) - 1)
-        everyone = [v[0] for v in self._comm.all_gather_ints([fingerprint])]
-        differ = [r for r, v in enumerate(everyone) if v != everyone[0]]
+        differ = self._comm.differing("EmbeddingEngine", fingerprint64(described))
         if differ:
             raise ValueError(
                 f"EmbeddingEngine: ranks {differ} have a different feature config, seed or plan "

@@ -169,11 +169,16 @@ class Comm:
             )
         return [g[1:] for g in gathered]
 
+    def differing(self, what: str, fingerprint: int) -> list[int]:
+        """The ranks whose ``fingerprint`` differs from rank 0's (the same list on every
+        rank)."""
+        everyone = [v[0] for v in self.agree(what, None, [fingerprint])]
+        return [r for r, v in enumerate(everyone) if v != everyone[0]]
+
     def check_same(self, what: str, fingerprint: int, about: str) -> None:
         """Raise on every rank unless every rank holds the same ``fingerprint``
         (``about`` completes "rank(s) [..] ..." in the message)."""
-        everyone = [v[0] for v in self.agree(what, None, [fingerprint])]
-        differ = [r for r, v in enumerate(everyone) if v != everyone[0]]
+        differ = self.differing(what, fingerprint)
         if differ:
             raise ValueError(f"{what}: rank(s) {differ} {about} than rank 0")
 

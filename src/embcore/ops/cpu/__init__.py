@@ -35,7 +35,7 @@ from embcore.ops.state import TableState, check_updatable
 # directory keyed by the contents of all of this package's sources (see _cache.py).
 with kernels_cached_in(kernel_cache_dir()):
     from embcore.ops.cpu import crc32c, dedup, farmhash, finite, gather, threads  # noqa: F401
-    from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_table, table_table
+    from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_descriptors, table_descriptors
     from embcore.ops.cpu.rules import RULES
     from embcore.ops.cpu.rules._rows import common_row, float32_rows
 
@@ -85,8 +85,8 @@ def lookup(
                 f"got shape {tuple(row.shape)}, stride {row.stride()}"
             )
     keep: list[Tensor] = []
-    tables = table_table("lookup", states, with_positions=False)
-    feats, _ = feature_table("lookup", features, outs, keep)
+    tables = table_descriptors("lookup", states, with_positions=False)
+    feats, _ = feature_descriptors("lookup", features, outs, keep)
     workers = threads.num_workers(int(feats[:, F_IDS].sum()))
     counter = np.zeros(1, dtype=np.int64)
     if sum(threads.run(gather.pooled_lookup, tables, feats, counter, workers=workers)):
@@ -157,8 +157,8 @@ def update(
     if not states:
         return
     keep: list[Tensor] = []
-    tables = table_table("update", states, with_positions=True)
-    feats, first = feature_table("update", features, grads, keep)
+    tables = table_descriptors("update", states, with_positions=True)
+    feats, first = feature_descriptors("update", features, grads, keep)
     base = np.zeros(len(states) + 1, dtype=np.int64)
     base[1:] = np.cumsum([sum(b.values.numel() for b in batches) for batches in features])
     ids = int(base[-1])

@@ -30,9 +30,9 @@ __all__ = [
     "COMBINERS",
     "FEATURE_COLUMNS",
     "TABLE_COLUMNS",
-    "feature_table",
+    "feature_descriptors",
     "positions",
-    "table_table",
+    "table_descriptors",
 ]
 
 # table columns
@@ -90,7 +90,7 @@ _TABLE_ROWS: dict[bool, weakref.WeakKeyDictionary] = {
 }
 
 
-def table_table(op: str, states: Sequence[TableState], with_positions: bool) -> np.ndarray:
+def table_descriptors(op: str, states: Sequence[TableState], with_positions: bool) -> np.ndarray:
     """``(T, TABLE_COLUMNS) int64`` descriptors; slot ``k`` is the optimizer's k-th slot."""
     rows = np.empty((len(states), TABLE_COLUMNS), dtype=np.int64)
     cache = _TABLE_ROWS[with_positions]
@@ -131,7 +131,7 @@ def _table_row(op: str, state: TableState, with_positions: bool) -> np.ndarray:
     return row
 
 
-def feature_table(
+def feature_descriptors(
     op: str,
     features: Sequence[Sequence[FeatureBatch]],
     rows: Sequence[Sequence[Tensor]],
