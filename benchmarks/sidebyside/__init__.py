@@ -20,6 +20,7 @@ __all__ = [
     "benchmarks_md",
     "gpu_section",
     "hardware",
+    "hashing_section",
     "markdown",
     "run",
     "summarize",
@@ -54,8 +55,15 @@ def benchmarks_md(results: dict, command: str) -> str:
         f"* Python {hw['python']}; {versions}\n\n"
         "## Command\n\n"
         f"```\n{command}\n```\n\n"
-        "## Results\n\n" + markdown(results) + "\n" + gpu_section()
+        "## Results\n\n" + markdown(results) + "\n" + hashing_section() + "\n" + gpu_section()
     )
+
+
+def hashing_section() -> str:
+    """BENCHMARKS.md's hashing section, measured now (a few seconds)."""
+    from sidebyside import hashing
+
+    return hashing.markdown(hashing.measure())
 
 
 def gpu_section(figures: dict | None = None) -> str:
