@@ -33,6 +33,28 @@ class IndexMemoryError(MemoryError):
     """The index could not get the memory a batch of new keys needs; nothing was changed."""
 
 
+def grown(array: np.ndarray, size: int, what: str) -> np.ndarray:
+    """``array`` with room for ``size`` entries (grown by half at least, zero-filled), or
+    ``array`` itself when it has that room.
+
+    Raises:
+        IndexMemoryError: the memory cannot be had (``what`` says for what); ``array`` is
+            unchanged.
+    """
+    if size <= array.size:
+        return array
+    new_size = max(size, int(array.size * 1.5) + 16)
+    try:
+        out = np.zeros(new_size, array.dtype)
+    except MemoryError as e:
+        raise IndexMemoryError(
+            f"{what}: could not allocate {new_size} entries ({new_size * array.itemsize} "
+            "bytes); nothing was changed"
+        ) from e
+    out[: array.size] = array
+    return out
+
+
 def _empty(shape: int, dtype: type) -> np.ndarray:
     """Allocation point of the index (one place, so a test can make it fail)."""
     return np.empty(shape, dtype)

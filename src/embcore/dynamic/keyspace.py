@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embcore.dynamic.index import IndexMemoryError, KeyIndex, check_keys
+from embcore.dynamic.index import KeyIndex, check_keys, grown
 from embcore.dynamic.pending import EXACT_LIMIT, PendingCounts
 from embcore.dynamic.policy import CountAdmission, Eviction, expired, least_used
 
@@ -244,16 +244,4 @@ class KeySpace:
         return out
 
     def _grown(self, array: np.ndarray, size: int) -> np.ndarray:
-        if size <= array.size:
-            return array
-        new_size = max(size, int(array.size * 1.5) + 16)
-        try:
-            out = np.zeros(new_size, array.dtype)
-        except MemoryError as e:
-            raise IndexMemoryError(
-                f"table '{self.table}': could not allocate row metadata for {new_size} rows "
-                f"({new_size * array.itemsize} bytes) with {len(self)} keys held; nothing "
-                "was changed"
-            ) from e
-        out[: array.size] = array
-        return out
+        return grown(array, size, f"table '{self.table}': row metadata ({len(self)} keys held)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from embcore.dynamic.index import IndexMemoryError, KeyIndex
+from embcore.dynamic.index import IndexMemoryError, KeyIndex, grown
 
 __all__ = ["EXACT_LIMIT", "PendingCounts"]
 
@@ -177,18 +177,7 @@ class PendingCounts:
     # ---------------------------------------------------------------- internals
 
     def _grown(self, array: np.ndarray, size: int) -> np.ndarray:
-        if size <= array.size:
-            return array
-        new_size = max(size, int(array.size * 1.5) + 16)
-        try:
-            out = np.zeros(new_size, array.dtype)
-        except MemoryError as e:
-            raise IndexMemoryError(
-                f"table '{self.table}': could not allocate pending counts for {new_size} "
-                f"keys ({new_size * array.itemsize} bytes); nothing was changed"
-            ) from e
-        out[: array.size] = array
-        return out
+        return grown(array, size, f"table '{self.table}': pending counts")
 
     def _cells(self, keys: np.ndarray) -> np.ndarray:
         """``(depth, N) int64`` counter positions of each key in each sketch row."""
