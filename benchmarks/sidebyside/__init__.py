@@ -2,9 +2,10 @@
 
 The workloads W1 and W2 (and their ``quick`` variants for CI) run in one process and one run,
 on the same pre-generated batches, for embcore, plain PyTorch and, when installed, FBGEMM TBE
-on CPU. Reported per workload and system: median ms/step, samples/s, the ratio to each peer,
-bytes touched per step, effective GB/s and that as a fraction of the random-row gather
-bandwidth measured in the same run.
+on CPU; W3 (W1 with raw 64-bit keys) for embcore's dynamic tables, plain PyTorch with a dict
+and, when installed, TorchRec's managed collisions. Reported per workload and system: median
+ms/step, samples/s, the ratio to each peer, bytes touched per step, effective GB/s and that as
+a fraction of the random-row gather bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sidebyside.report import markdown, summarize, targets
+from sidebyside.report import dynamic_markdown, markdown, summarize, targets
 from sidebyside.runner import Options, hardware, run
 
 __all__ = [
     "Options",
     "benchmarks_md",
+    "dynamic_markdown",
     "gpu_section",
     "hardware",
     "hashing_section",
@@ -55,7 +57,13 @@ def benchmarks_md(results: dict, command: str) -> str:
         f"* Python {hw['python']}; {versions}\n\n"
         "## Command\n\n"
         f"```\n{command}\n```\n\n"
-        "## Results\n\n" + markdown(results) + "\n" + hashing_section() + "\n" + gpu_section()
+        "## Results\n\n"
+        + markdown(results)
+        + "\n"
+        + (dynamic + "\n" if (dynamic := dynamic_markdown(results)) else "")
+        + hashing_section()
+        + "\n"
+        + gpu_section()
     )
 
 
@@ -94,4 +102,4 @@ def write(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = dict(results, summary=summarize(results), targets=targets(summarize(results)))
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "results.md").write_text(markdown(results))
+    (out / "results.md").write_text(markdown(results) + "\n" + dynamic_markdown(results))

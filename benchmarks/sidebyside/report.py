@@ -1,6 +1,6 @@
 """Summaries of a run: min / median / max over repeats, ratios to each peer taken within each
 repeat (the systems of one repeat run back to back, so they share the machine's state),
-targets, markdown."""
+targets, markdown; and the dynamic tables' section (W3 against W1, its peers, the key index)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from collections import defaultdict
 
 import numpy as np
 
-__all__ = ["TARGETS", "markdown", "speedup", "summarize"]
+from sidebyside.workloads import FIXED_TWIN
+
+__all__ = ["TARGETS", "dynamic_markdown", "markdown", "speedup", "summarize"]
 
 #: (workload, embcore optimizer, peer system, peer optimizer, minimum speedup)
 TARGETS = [
@@ -22,6 +24,8 @@ TARGETS = [
 DICT_TARGET = 0.05
 BANDWIDTH_TARGET = 0.70  # of the random-row gather bandwidth, embcore Adagrad, W1 and W2
 MEMORY_TARGET = 1.3  # peak RSS over tables + slots, embcore Adagrad on W1
+DYNAMIC = "embcore, dynamic tables"
+DYNAMIC_TARGET = 1.3  # W3 step (dynamic tables, raw keys) over the W1 step (fixed tables)
 
 
 def summarize(results: dict) -> list[dict]:
@@ -56,6 +60,7 @@ def summarize(results: dict) -> list[dict]:
                 # memory the allocator kept from earlier systems
                 "peak_rss": runs[0]["peak_rss"],
                 "rss_before": runs[0]["rss_before"],
+                "rows_held": runs[0].get("rows_held"),
             }
         )
     return rows
@@ -121,6 +126,23 @@ def targets(rows: list[dict]) -> list[dict]:
                     "met": value >= BANDWIDTH_TARGET,
                 }
             )
+    for workload, twin in FIXED_TWIN.items():
+        for optimizer in ("adagrad", "rowwise_adagrad"):
+            fixed, dynamic = (
+                _find(rows, twin, "embcore", optimizer),
+                _find(rows, workload, DYNAMIC, optimizer),
+            )
+            if fixed and dynamic:
+                value = speedup(fixed, dynamic)  # dynamic ms over fixed ms, within each run
+                out.append(
+                    {
+                        "target": f"{workload}: embcore dynamic-table step / {twin} fixed-table "
+                        f"step, {dynamic['label']}",
+                        "want": f"<= {DYNAMIC_TARGET:g}x",
+                        "got": f"{value:.2f}x",
+                        "met": value <= DYNAMIC_TARGET,
+                    }
+                )
     if (a := _find(rows, "W1", "embcore", "adagrad")) and a["peak_rss"]:
         value = a["peak_rss"] / a["state_bytes"]
         out.append(
@@ -207,4 +229,62 @@ def markdown(results: dict) -> str:
     )
     for system, reason in results["skipped"].items():
         lines.append(f"* {system} was skipped: {reason}")
+    return "\n".join(lines) + "\n"
+
+
+def dynamic_markdown(results: dict) -> str:
+    """BENCHMARKS.md's dynamic-tables section: W3 against W1, the peers that ran (or why
+    not), the rows held, and the key index alone (empty when W3 was not run)."""
+    rows = summarize(results)
+    dynamic = [r for r in rows if r["workload"] in FIXED_TWIN]
+    index = results.get("dynamic_index")
+    if not dynamic and index is None:
+        return ""
+    lines = [
+        "## Dynamic tables (W3)",
+        "",
+        "W3 is W1's shape with raw 64-bit keys: the same Zipf ids as W1 (the same seeded "
+        "batches), each mixed through a 64-bit hash (SplitMix64's finalizer), in dynamic tables "
+        "(`TableConfig(vocabulary_size=None)`, docs/dynamic_tables.md) that start empty and "
+        "admit every key on first sight, so the timed steps include the inserts of new keys "
+        "and the growth of the row storage. It runs in the same process as W1, the workloads "
+        "taking turns within each run; the ratio below is taken within each run. The peers "
+        "keep one fixed-size table per feature, sized for every distinct key of the workload "
+        "up front; embcore's state is the rows held after the last step.",
+        "",
+    ]
+    checks = [c for c in targets(rows) if "dynamic-table" in c["target"]]
+    if checks:
+        lines += ["| target | wanted | measured | met |", "|---|---|---|---|"]
+        lines += [
+            f"| {c['target']} | {c['want']} | {c['got']} | {'yes' if c['met'] else 'no'} |"
+            for c in checks
+        ]
+        lines.append("")
+    held = [r for r in dynamic if r["system"] == DYNAMIC and r["rows_held"] is not None]
+    if held:
+        lines += [
+            "| workload | optimizer | median ms/step | rows held after the last step | "
+            "state (GiB) | peak RSS (GiB), run 1 |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['workload']} | {r['label']} | {r['median_ms']:.1f} | {r['rows_held']:,} | "
+            f"{_gib(r['state_bytes'])} | {_gib(r['peak_rss'])} |"
+            for r in held
+        ]
+        lines.append("")
+    for r in dynamic:
+        if r["system"] != DYNAMIC:
+            ours = _find(rows, r["workload"], DYNAMIC, r["optimizer"])
+            vs = "" if ours is None else f"; embcore is {speedup(ours, r):.2f}x faster"
+            lines.append(
+                f"* {r['workload']}, {r['system']} ({r['label']}): {r['median_ms']:.1f} ms/step{vs}"
+            )
+    for system, reason in results["skipped"].items():
+        lines.append(f"* {system} could not run: {reason}")
+    if index is not None:
+        from dynamic_index import markdown as index_markdown
+
+        lines += ["", "The key index alone:", "", index_markdown(index).rstrip()]
     return "\n".join(lines) + "\n"

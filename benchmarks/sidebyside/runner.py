@@ -21,7 +21,7 @@ import torch
 
 from embcore.ops.cpu.malloc import keep_freed_memory
 from sidebyside import limits, memory
-from sidebyside.systems import SYSTEMS
+from sidebyside.systems import SYSTEMS, supports
 from sidebyside.workloads import WORKLOADS, bytes_touched, make_batches
 
 __all__ = ["Options", "run"]
@@ -33,7 +33,7 @@ SLOT_FLOATS = {"adagrad": None, "rowwise_adagrad": 1}  # None: one slot float pe
 class Options:
     """What to run; the defaults are the figures of BENCHMARKS.md."""
 
-    workloads: list[str] = field(default_factory=lambda: ["W1", "W2"])
+    workloads: list[str] = field(default_factory=lambda: ["W1", "W2", "W3", "W3-evict"])
     optimizers: list[str] = field(default_factory=lambda: ["adagrad", "rowwise_adagrad"])
     systems: list[str] | None = None  # module names; None: all
     repeats: int = 1
@@ -43,6 +43,7 @@ class Options:
     gather_table_rows: int = 5_500_000
     gather_rows: int = 106_496
     copy_megabytes: int = 512
+    index_keys: int = 4_000_000  # the dynamic tables' key index alone; 0: not measured
 
 
 def _version(package: str) -> str | None:
@@ -91,6 +92,7 @@ def _time_system(system, workload, optimizer, batches, options: Options) -> dict
         times.append(time.perf_counter() - start)
     peak = memory.peak_rss()
     state_bytes = run.state_bytes
+    rows_held = getattr(run, "rows_held", None)  # dynamic tables: rows after the last step
     del run
     gc.collect()
     timed = times[options.warmup :]
@@ -114,6 +116,7 @@ def _time_system(system, workload, optimizer, batches, options: Options) -> dict
         "rss_before": before,
         "peak_rss": peak,
         "build_s": build_seconds,
+        "rows_held": rows_held,
     }
 
 
@@ -163,7 +166,11 @@ def run(options: Options, log: Callable[[str], None] = print) -> dict:
             batches = make_batches(workload, options.warmup + options.steps)
             for optimizer in options.optimizers:
                 for system in systems:
-                    if system.NAME in skipped or optimizer not in system.OPTIMIZERS:
+                    if (
+                        system.NAME in skipped
+                        or optimizer not in system.OPTIMIZERS
+                        or not supports(system, workload)
+                    ):
                         continue
                     record = _time_system(system, workload, optimizer, batches, options)
                     record["repeat"] = repeat
@@ -174,4 +181,22 @@ def run(options: Options, log: Callable[[str], None] = print) -> dict:
                         f"{record['median_ms']:.1f} ms/step, {record['gb_s']:.2f} GB/s"
                     )
             del batches
+    if options.index_keys and any(WORKLOADS[n].raw_keys for n in options.workloads):
+        results["dynamic_index"] = _index(options)
+        r = results["dynamic_index"]
+        log(
+            f"key index: inserts {r['inserts_per_s'] / 1e6:.1f} M/s, lookups "
+            f"{r['lookups_per_s_zipf'] / 1e6:.1f} M/s Zipf, "
+            f"{r['lookups_per_s_uniform'] / 1e6:.1f} M/s uniform, "
+            f"{r['bytes_per_key']:.1f} bytes/key"
+        )
     return results
+
+
+def _index(options: Options) -> dict:
+    """The key index alone (``benchmarks/dynamic_index.py``), ``options.index_keys`` keys."""
+    import dynamic_index
+
+    gc.collect()
+    lookups = max(options.index_keys, 26 * 4096)
+    return dynamic_index.measure(keys=options.index_keys, lookups=lookups, threads=options.threads)

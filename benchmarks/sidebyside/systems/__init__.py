@@ -10,6 +10,8 @@
   tensor per bag for plain PyTorch; embcore's stacked ``(B, T, dim)`` and FBGEMM's
   ``(B, T * dim)`` tensors), backward and the optimizer update;
   ``Run.state_bytes`` is the bytes of its tables plus optimizer state.
+* optionally ``supports(workload) -> bool``: whether it runs that workload; without it a
+  system runs the fixed-vocabulary workloads only (not W3's raw 64-bit keys).
 
 Adding a peer adds a module and one line to :data:`SYSTEMS`.
 """
@@ -20,13 +22,17 @@ from types import ModuleType
 
 from sidebyside.systems import (
     embcore_dict,
+    embcore_dynamic,
     embcore_engine,
     embcore_pipelined,
     fbgemm_tbe,
     plain_torch,
+    torch_dict,
+    torchrec_mc,
 )
+from sidebyside.workloads import Workload
 
-__all__ = ["SYSTEMS"]
+__all__ = ["SYSTEMS", "supports"]
 
 #: run order within a workload: embcore first, then its peers
 SYSTEMS: list[ModuleType] = [
@@ -35,4 +41,13 @@ SYSTEMS: list[ModuleType] = [
     embcore_pipelined,
     plain_torch,
     fbgemm_tbe,
+    embcore_dynamic,
+    torch_dict,
+    torchrec_mc,
 ]
+
+
+def supports(system: ModuleType, workload: Workload) -> bool:
+    """Whether ``system`` runs ``workload`` (its ``supports``; by default fixed tables only)."""
+    check = getattr(system, "supports", None)
+    return check(workload) if check is not None else not workload.raw_keys

@@ -1,11 +1,13 @@
 """``embcore bench``: embcore and its peers side by side (BENCHMARKS.md).
 
 Runs the workloads W1 and W2 (``--quick``: tiny versions for CI, seconds) for embcore, plain
-PyTorch and, when ``fbgemm_gpu`` imports, FBGEMM TBE on CPU, in one process and one run, on
-the same pre-generated batches; writes ``results.json`` and ``results.md`` to ``--out`` and,
-for the full workloads, regenerates the project's ``BENCHMARKS.md``::
+PyTorch and, when ``fbgemm_gpu`` imports, FBGEMM TBE on CPU, and W3 (W1 with raw 64-bit keys)
+for embcore's dynamic tables, plain PyTorch with a dict and, when ``torchrec`` imports,
+TorchRec's managed collisions, in one process and one run, on the same pre-generated batches,
+then the dynamic tables' key index alone; writes ``results.json`` and ``results.md`` to
+``--out`` and, for the full workloads, regenerates the project's ``BENCHMARKS.md``::
 
-    embcore bench                       # W1 + W2, writes BENCHMARKS.md
+    embcore bench                       # W1, W2, W3, W3-evict; writes BENCHMARKS.md
     embcore bench --repeats 3           # the suite 3 times, systems interleaved in each;
                                         # min / median / max per system, ratios per run
     embcore bench --quick               # CI size, no BENCHMARKS.md
@@ -41,8 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--quick", action="store_true", help="tiny CI sizes (W1-quick, W2-quick)")
-    p.add_argument("--workloads", nargs="+", help="names (default W1 W2, or the quick ones)")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny CI sizes (W1-quick, W2-quick, W3-quick)"
+    )
+    p.add_argument(
+        "--workloads", nargs="+", help="names (default W1 W2 W3 W3-evict, or the quick ones)"
+    )
     p.add_argument(
         "--optimizers",
         nargs="+",
@@ -58,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "embcore_pipelined",
             "plain_torch",
             "fbgemm_tbe",
+            "embcore_dynamic",
+            "torch_dict",
+            "torchrec_mc",
         ],
         help="default: all that are installed",
     )
@@ -117,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_gpu(args)
     if args.mainjob:
         return _run_mainjob(args)
-    workloads = args.workloads or (["W1-quick", "W2-quick"] if args.quick else ["W1", "W2"])
+    quick = ["W1-quick", "W2-quick", "W3-quick"]
+    workloads = args.workloads or (quick if args.quick else ["W1", "W2", "W3", "W3-evict"])
     options = sidebyside.Options(
         workloads=workloads,
         optimizers=args.optimizers,
@@ -129,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.quick:
         options.gather_table_rows, options.gather_rows, options.copy_megabytes = 200_000, 8192, 32
+        options.index_keys = 200_000
     results = sidebyside.run(options, log=lambda line: print(line, flush=True))
     sidebyside.write(results, args.out)
     table = sidebyside.markdown(results)
