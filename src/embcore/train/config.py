@@ -115,6 +115,9 @@ class DataConfig(_Section):
         bad_rows: what a malformed row of a file source does: ``raise`` (stop, naming the file
             and line) or ``skip`` (count it, report the count at the end and in
             ``summary.json``).
+        raw_ids: the synthetic source gives raw 64-bit ids (each id mixed through a 64-bit
+            hash) instead of table rows: fixed tables fold them into their rows, dynamic
+            tables (``model.tables = "dynamic"``) key them directly.
     """
 
     _name = "data"
@@ -128,6 +131,7 @@ class DataConfig(_Section):
     zipf_a: float = 1.1
     hot_ids: float = 30.0
     bad_rows: typing.Literal["raise", "skip"] = "raise"
+    raw_ids: bool = False
 
     def _check(self) -> None:
         self._require(self.eval_rows >= 0, "eval_rows", "an int >= 0")
@@ -136,6 +140,8 @@ class DataConfig(_Section):
         self._require(self.seed >= 0, "seed", "an int >= 0")
         self._require(self.zipf_a > 1.0, "zipf_a", "a number > 1")
         self._require(self.hot_ids > 0, "hot_ids", "a number > 0")
+        if self.raw_ids:
+            self._require(self.source == "synthetic", "raw_ids", "false for file sources")
         if self.source == "synthetic":
             self._require(self.eval_rows >= 1, "eval_rows", "an int >= 1 for synthetic data")
         else:
@@ -157,6 +163,15 @@ class ModelConfig(_Section):
         dcn_layers: cross layers of the ``dcn`` interaction.
         dcn_rank: rank of each cross layer's weight (0: full rank).
         embedding_init: rows start uniform in ``[-embedding_init, embedding_init]``.
+        tables: ``fixed``: one table of ``min(cardinality, data.vocab_cap)`` rows per
+            feature; ``dynamic``: dynamic tables (docs/dynamic_tables.md) that give every id
+            its own row, a new row starting from the engine's default initializer, a pure
+            function of ``(train.seed, feature, id)`` (``embedding_init`` is for fixed tables).
+        min_count: dynamic tables admit an id once it occurred this often in training.
+        steps_to_live: dynamic tables drop an id's row after this many steps without it
+            (0: never).
+        max_rows: dynamic tables keep at most this many rows each, the least frequently used
+            go first (0: no limit).
     """
 
     _name = "model"
@@ -167,9 +182,16 @@ class ModelConfig(_Section):
     dcn_layers: int = 3
     dcn_rank: int = 64
     embedding_init: float = 0.025
+    tables: typing.Literal["fixed", "dynamic"] = "fixed"
+    min_count: int = 1
+    steps_to_live: int = 0
+    max_rows: int = 0
 
     def _check(self) -> None:
         self._require(self.embedding_dim >= 1, "embedding_dim", "an int >= 1")
+        self._require(self.min_count >= 1, "min_count", "an int >= 1")
+        self._require(self.steps_to_live >= 0, "steps_to_live", "an int >= 0 (0: never)")
+        self._require(self.max_rows >= 0, "max_rows", "an int >= 0 (0: no limit)")
         for name in ("bottom_mlp", "top_mlp"):
             self._require(all(n >= 1 for n in getattr(self, name)), name, "sizes >= 1")
         self._require(self.dcn_layers >= 1, "dcn_layers", "an int >= 1")
@@ -345,7 +367,9 @@ def check_resources(config: Config, memory: int | None = None) -> None:
         return
     m, d = config.model, config.data
     slots = {"adagrad": 1.0, "rowwise_adagrad": 1.0 / m.embedding_dim, "sgd": 0.0}
-    rows = sum(capped_vocab_sizes(d.vocab_cap))
+    rows = sum(capped_vocab_sizes(d.vocab_cap))  # a dynamic table holds at most its ids
+    if m.tables == "dynamic" and m.max_rows:
+        rows = sum(min(v, m.max_rows) for v in capped_vocab_sizes(d.vocab_cap))
     width = (NUM_SPARSE + 1) * m.embedding_dim
     dense_params = width * width * (m.dcn_rank == 0) * m.dcn_layers + width * (
         sum(m.bottom_mlp) + sum(m.top_mlp)

@@ -32,7 +32,7 @@ from embcore.errors import UserError, reading
 from embcore.models import DLRM
 from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
 from embcore.train.metrics import auc, log_loss
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.model import build_model, dense_lr, embedding_optimizer, embedding_rows
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
 from embcore.train.run_dir import RunDirectory
@@ -226,6 +226,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         optimizer=embedding_optimizer(cfg.optim),
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
+        raw_ids=cfg.data.raw_ids,
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
     found = run_dir.open(echo)
@@ -237,9 +238,14 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
 
     labels = eval_set.labels
     echo(f"data: {source.describe()}; {eval_set.rows:,} held-out rows")
+    rows = (
+        "dynamic tables (a row per id seen)"
+        if cfg.model.tables == "dynamic"
+        else f"{sum(source.vocab_sizes):,} embedding rows"
+    )
     echo(
         f"model: {sum(p.numel() for p in model.parameters()):,} dense weights, "
-        f"{sum(source.vocab_sizes):,} embedding rows x {cfg.model.embedding_dim}"
+        f"{rows} x {cfg.model.embedding_dim}"
     )
     best = None
     if eval_set.true_probs is not None:
@@ -350,6 +356,7 @@ def _write_outputs(result: TrainResult, echo: Echo) -> None:
         "resumed_from": result.resumed_from,
         "checkpoint": str(result.checkpoint),
         "skipped_rows": result.skipped_rows,
+        "embedding_rows": embedding_rows(result.model),
     }
     write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
     write_atomic(out / "history.json", (json.dumps(result.history, indent=2) + "\n").encode())

@@ -1,4 +1,9 @@
-"""Build the DLRM of a config, its two optimizers and the dense learning-rate schedule."""
+"""Build the DLRM of a config, its two optimizers and the dense learning-rate schedule.
+
+``model.tables = "fixed"`` gives one table of ``min(cardinality, data.vocab_cap)`` rows per
+feature (raw 64-bit ids, ``data.raw_ids``, are folded into them: :class:`FoldedDLRM`);
+``"dynamic"`` gives dynamic tables that key any id directly (docs/dynamic_tables.md).
+"""
 
 from __future__ import annotations
 
@@ -12,15 +17,18 @@ from torch import Tensor
 
 import embcore as ec
 from embcore.data.batch import NUM_DENSE, SPARSE_NAMES
+from embcore.errors import UserError
 from embcore.models import DLRM, CrossInteraction, DotInteraction
 from embcore.train.config import ModelConfig, OptimConfig
 
 __all__ = [
     "FixedRows",
+    "FoldedDLRM",
     "UniformRows",
     "build_model",
     "dense_lr",
     "embedding_optimizer",
+    "embedding_rows",
 ]
 
 
@@ -49,6 +57,49 @@ class FixedRows:
 
     def __call__(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
         return self.rows
+
+
+class FoldedDLRM(DLRM):
+    """A DLRM whose fixed tables take raw 64-bit ids: column ``f`` is folded into its table's
+    rows as ``id mod rows_f`` (the floored modulo: negative ids too), the hashing trick a fixed
+    table needs for ids it has no row for (colliding ids share a row)."""
+
+    def __init__(self, *, rows: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("rows", torch.tensor(list(rows), dtype=torch.int64), persistent=False)
+
+    def features(self, sparse: Tensor) -> dict[str, Tensor]:
+        """``{name: (B,) rows}`` for ``(B, F) int64`` raw ids."""
+        folded = torch.remainder(sparse, self.rows)
+        return {name: folded[:, f] for f, name in enumerate(self.sparse_names)}
+
+
+def embedding_rows(model: DLRM) -> int:
+    """Rows the engine's tables hold now: a fixed table's size, a dynamic table's keys."""
+    engine = model.engine
+    return sum(
+        t.vocabulary_size
+        if t.vocabulary_size is not None
+        else int(engine.table_keys(t.name).numel())
+        for t in engine.tables
+    )
+
+
+def _table(cfg: ModelConfig, name: str, vocab: int, init: Any) -> ec.TableConfig:
+    if cfg.tables == "fixed":
+        return ec.TableConfig(
+            vocabulary_size=vocab, dim=cfg.embedding_dim, initializer=init, name=name
+        )
+    evict = cfg.steps_to_live or cfg.max_rows
+    return ec.TableConfig(
+        vocabulary_size=None,
+        dim=cfg.embedding_dim,
+        name=name,
+        admission=ec.CountAdmission(min_count=cfg.min_count) if cfg.min_count > 1 else None,
+        eviction=ec.Eviction(steps_to_live=cfg.steps_to_live or None, max_rows=cfg.max_rows or None)
+        if evict
+        else None,
+    )
 
 
 def embedding_optimizer(cfg: OptimConfig) -> ec.Optimizer:
@@ -83,6 +134,7 @@ def build_model(
     seed: int,
     tables: dict[str, Tensor] | None = None,
     engine_options: Mapping[str, Any] | None = None,
+    raw_ids: bool = False,
 ) -> DLRM:
     """The DLRM of ``cfg`` with one table per categorical feature.
 
@@ -95,7 +147,14 @@ def build_model(
         tables: starting rows per feature name instead of the random ones (serving).
         engine_options: more :class:`embcore.EmbeddingEngine` keyword arguments
             (``pipeline``, ``profile_data_directory``, ...).
+        raw_ids: the ids are raw 64-bit values (``data.raw_ids``): fixed tables fold them
+            (:class:`FoldedDLRM`); dynamic tables take them as they are.
     """
+    if tables is not None and cfg.tables == "dynamic":
+        raise UserError(
+            'model.tables = "dynamic": starting rows for dynamic tables cannot be given as '
+            "fixed-size tensors (a serving bundle of dynamic tables holds keys and rows)"
+        )
     features = {}
     for name, vocab in zip(SPARSE_NAMES, vocab_sizes, strict=True):
         init = (
@@ -103,10 +162,7 @@ def build_model(
             if tables is not None
             else UniformRows(cfg.embedding_init, seed, name)
         )
-        table = ec.TableConfig(
-            vocabulary_size=vocab, dim=cfg.embedding_dim, initializer=init, name=name
-        )
-        features[name] = ec.FeatureConfig(table=table, name=name)
+        features[name] = ec.FeatureConfig(table=_table(cfg, name, vocab, init), name=name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         engine = ec.EmbeddingEngine(
@@ -118,11 +174,14 @@ def build_model(
             interaction = CrossInteraction(
                 len(SPARSE_NAMES), cfg.embedding_dim, layers=cfg.dcn_layers, rank=cfg.dcn_rank
             )
-        return DLRM(
-            engine=engine,
-            sparse_names=SPARSE_NAMES,
-            num_dense=NUM_DENSE,
-            bottom=cfg.bottom_mlp,
-            top=cfg.top_mlp,
-            interaction=interaction,
-        )
+        parts = {
+            "engine": engine,
+            "sparse_names": SPARSE_NAMES,
+            "num_dense": NUM_DENSE,
+            "bottom": cfg.bottom_mlp,
+            "top": cfg.top_mlp,
+            "interaction": interaction,
+        }
+        if raw_ids and cfg.tables == "fixed":
+            return FoldedDLRM(rows=vocab_sizes, **parts)
+        return DLRM(**parts)

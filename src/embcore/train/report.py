@@ -31,6 +31,10 @@ def summary_table(config: Config, summary: dict[str, Any], out: Path) -> str:
                 gap = best[key] - final[key] if key == "auc" else final[key] - best[key]
                 text += f"   best reachable {best[key]:.4f}, gap {gap:.4f}"
             rows.append((name, text))
+    if "embedding_rows" in summary:
+        rows.append(
+            ("embedding rows", f"{summary['embedding_rows']:,} ({config.model.tables} tables)")
+        )
     rows.append(("checkpoint", summary["checkpoint"]))
     rows.append(("curves", str(out / "curves.png") if config.train.plot else "off"))
     width = max(len(k) for k, _ in rows)

@@ -4,6 +4,7 @@ Both kinds of source give training batch ``i`` as a pure function of the config 
 run resumed at step ``i`` reads exactly the rows an uninterrupted run would:
 
 * synthetic: batch ``i`` of :class:`~embcore.data.synthetic.SyntheticCriteo`'s train split;
+  with ``data.raw_ids`` its ids mixed into raw 64-bit ids (:func:`raw_ids`);
 * files: rows ``[i B, (i + 1) B)`` of the training file read in a loop (epoch after epoch).
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from embcore.data.bad_rows import BadRows
 from embcore.data.batch import Batch, capped_vocab_sizes, rebatch
@@ -25,7 +27,7 @@ from embcore.data.synthetic import SyntheticCriteo
 from embcore.errors import UserError, reading
 from embcore.train.config import DataConfig
 
-__all__ = ["EvalSet", "FileSource", "Source", "SyntheticSource", "build_source"]
+__all__ = ["EvalSet", "FileSource", "Source", "SyntheticSource", "build_source", "raw_ids"]
 
 #: Rows per forward pass when scoring held-out data.
 EVAL_BATCH = 8192
@@ -69,6 +71,21 @@ class Source(abc.ABC):
         return {}
 
 
+def raw_ids(sparse: np.ndarray) -> np.ndarray:
+    """``(B, F) int64`` ids -> ``(B, F) int64`` raw 64-bit ids, negatives included: SplitMix64's
+    finalizer of ``id + 2**40 f`` for column ``f``. A bijection per column, so distinct ids
+    stay distinct (and the hidden model, which sees the ids, is unchanged)."""
+    salt = (np.arange(sparse.shape[1], dtype=np.uint64) << np.uint64(40))[None, :]
+    z = sparse.astype(np.uint64) + salt + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))).view(np.int64)
+
+
+def _raw(batch: Batch) -> Batch:
+    return Batch(batch.dense, torch.from_numpy(raw_ids(batch.sparse.numpy())), batch.labels)
+
+
 class SyntheticSource(Source):
     def __init__(self, cfg: DataConfig) -> None:
         self.cfg = cfg
@@ -79,18 +96,20 @@ class SyntheticSource(Source):
 
     def train_batches(self, start_step: int) -> Iterator[Batch]:
         for step in itertools.count(start_step):
-            yield self.data.batch("train", step, self.cfg.batch_size)
+            batch = self.data.batch("train", step, self.cfg.batch_size)
+            yield _raw(batch) if self.cfg.raw_ids else batch
 
     def eval_set(self) -> EvalSet:
         batches, probs = [], []
         for i, start in enumerate(range(0, self.cfg.eval_rows, EVAL_BATCH)):
             batch, p = self.data.sample("eval", i, min(EVAL_BATCH, self.cfg.eval_rows - start))
-            batches.append(batch)
+            batches.append(_raw(batch) if self.cfg.raw_ids else batch)
             probs.append(p)
         return EvalSet(batches, np.concatenate(probs))
 
     def describe(self) -> str:
-        return self.data.describe()
+        raw = ", as raw 64-bit ids" if self.cfg.raw_ids else ""
+        return self.data.describe() + raw
 
 
 Reader = Callable[..., Iterator[Batch]]
