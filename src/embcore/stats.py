@@ -4,7 +4,8 @@ mergeable.
 About 3% of batches are sampled (configurable). For each table, a sampled batch adds:
 
 * a histogram of ids per example (summed over the table's features), for mean/p50/p99;
-* the fraction of unique ids among the batch's ids;
+* the fraction of unique ids among the batch's ids, and their number (unique keys per step);
+* for a dynamic table, the rows it holds (the most seen at a sampled batch);
 * its id counts to a bounded heavy-hitter sketch (Misra-Gries, mergeable): every id whose true
   count exceeds ``total / (capacity + 1)`` is kept, and each kept count is an underestimate by
   at most that much;
@@ -52,6 +53,9 @@ class TableStats:
         sketch_total: ids the sketch has seen (its error bound is ``total / (capacity + 1)``).
         shard_load: lookups each rank served (one entry per rank; a single entry for the
             unsharded engine), summed over sampled batches.
+        unique_ids: sum over sampled batches of the batch's distinct ids (keys per step).
+        rows_held: a dynamic table's rows, the most seen at a sampled batch (0: a fixed
+            table, or none seen yet).
     """
 
     table: str
@@ -67,6 +71,8 @@ class TableStats:
     sketch: dict[int, int] = field(default_factory=dict)
     sketch_total: int = 0
     shard_load: list[int] = field(default_factory=list)
+    unique_ids: int = 0
+    rows_held: int = 0
 
     # ------------------------------------------------------------------ summaries
     def quantile(self, q: float) -> int:
@@ -83,6 +89,11 @@ class TableStats:
     @property
     def unique_ratio(self) -> float:
         return self.unique_ratio_sum / self.batches if self.batches else 0.0
+
+    @property
+    def mean_unique_ids(self) -> float:
+        """Distinct ids per sampled batch (unique keys per step), on average."""
+        return self.unique_ids / self.batches if self.batches else 0.0
 
     @property
     def sketch_error(self) -> float:
@@ -117,6 +128,8 @@ class TableStats:
             self.capacity,
         )
         self.sketch_total += other.sketch_total
+        self.unique_ids += other.unique_ids
+        self.rows_held = max(self.rows_held, other.rows_held)
         if len(other.shard_load) == len(self.shard_load):
             self.shard_load = [
                 a + b for a, b in zip(self.shard_load, other.shard_load, strict=True)
@@ -138,11 +151,15 @@ class TableStats:
             "sketch": [[i, c] for i, c in self.hottest()],
             "sketch_total": self.sketch_total,
             "shard_load": self.shard_load,
+            "unique_ids": self.unique_ids,
+            "rows_held": self.rows_held,
             "summary": {
                 "mean_ids_per_example": self.mean_ids_per_example,
                 "p50_ids_per_example": self.quantile(0.5),
                 "p99_ids_per_example": self.quantile(0.99),
                 "unique_ratio": self.unique_ratio,
+                "mean_unique_ids": self.mean_unique_ids,
+                "rows_held": self.rows_held,
             },
         }
 
@@ -168,6 +185,8 @@ class TableStats:
             sketch={int(i): int(c) for i, c in data["sketch"]},
             sketch_total=data["sketch_total"],
             shard_load=list(data["shard_load"]),
+            unique_ids=int(data.get("unique_ids", 0)),  # absent in files of older versions
+            rows_held=int(data.get("rows_held", 0)),
         )
 
 
@@ -193,7 +212,12 @@ def _merged_sketch(
 
 
 def table_key(
-    name: str, vocabulary_size: int, dim: int, num_features: int, strategy: str, world_size: int
+    name: str,
+    vocabulary_size: int | None,
+    dim: int,
+    num_features: int,
+    strategy: str,
+    world_size: int,
 ) -> dict[str, Any]:
     """What a statistics file is keyed by: the table's and the global parameters."""
     return {
@@ -233,20 +257,24 @@ class StatsTable:
     """What the collector needs of one table.
 
     Attributes:
-        name, vocabulary_size, dim, num_features: the table's parameters (part of its key).
+        name, vocabulary_size, dim, num_features: the table's parameters (part of its key;
+            ``vocabulary_size`` is ``None`` for a dynamic table).
         load_of: ``ids (N,) int64 -> (num_shards,) int64``, the lookups each rank serves for
             these ids under the table's placement; ``None``: all on one shard.
         num_shards: entries of :attr:`TableStats.shard_load` (the world size when sharded).
         strategy: the table's placement, part of its key (``None``: the collector's).
+        rows_held: ``() -> int``, a dynamic table's rows now (over all ranks); ``None`` for a
+            fixed table.
     """
 
     name: str
-    vocabulary_size: int
+    vocabulary_size: int | None
     dim: int
     num_features: int
     load_of: Callable[[np.ndarray], np.ndarray] | None = None
     num_shards: int = 1
     strategy: str | None = None
+    rows_held: Callable[[], int] | None = None
 
 
 class StatsCollector:
@@ -331,9 +359,12 @@ class StatsCollector:
             stats.ids_per_example += np.bincount(
                 np.minimum(per_example, MAX_IDS_PER_EXAMPLE), minlength=MAX_IDS_PER_EXAMPLE + 1
             )
+            if table.rows_held is not None:
+                stats.rows_held = max(stats.rows_held, int(table.rows_held()))
             if ids.size:
                 unique, counts = np.unique(ids, return_counts=True)
                 stats.unique_ratio_sum += unique.size / ids.size
+                stats.unique_ids += int(unique.size)
                 stats.add_counts(unique, counts)
                 if table.load_of is None:
                     stats.shard_load[0] += int(ids.size)

@@ -48,6 +48,8 @@ def _check(s: TableStats) -> None:
         "ids": s.ids,
         "sketch_total": s.sketch_total,
         "capacity": s.capacity - 1,
+        "unique_ids": s.unique_ids,
+        "rows_held": s.rows_held,
     }
     bad = [k for k, v in counts.items() if not isinstance(v, int) or v < 0]
     if bad or min(s.sketch.values(), default=0) < 0 or len(s.sketch) > s.capacity:
@@ -77,16 +79,20 @@ def report(found: list[tuple[Path, TableStats]], top: int) -> str:
     lines = []
     for path, s in found:
         key = s.key
+        rows = "dynamic" if key["vocabulary_size"] is None else key["vocabulary_size"]
         lines.append(
-            f"table {s.table}  ({key['vocabulary_size']} x {key['dim']}, "
+            f"table {s.table}  ({rows} x {key['dim']}, "
             f"{key['num_features']} feature(s), {key['sharding_strategy']} over "
             f"{key['world_size']} rank(s))  [{path.name}]"
         )
         lines.append(
             f"  sampled batches {s.batches}, examples {s.examples}, ids {s.ids}; ids per example "
             f"mean {s.mean_ids_per_example:.2f}, p50 {s.quantile(0.5)}, p99 {s.quantile(0.99)}; "
-            f"unique ids per batch {100 * s.unique_ratio:.1f}%"
+            f"unique ids per batch {100 * s.unique_ratio:.1f}% "
+            f"({s.mean_unique_ids:,.0f} on average)"
         )
+        if key["vocabulary_size"] is None:
+            lines.append(f"  rows held (the most at a sampled batch): {s.rows_held:,}")
         hot = ", ".join(f"{i} ({c})" for i, c in s.hottest(top))
         lines.append(f"  hottest ids (count, undercount <= {s.sketch_error:.0f}): {hot}")
         cover = coverage(s)

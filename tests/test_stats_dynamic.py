@@ -1,0 +1,84 @@
+"""Lookup statistics of dynamic tables: unique keys per step, rows held, their JSON and merges;
+the planner's expected rows of a dynamic table."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from embcore.config import ResolvedTable, TableConfig
+from embcore.inputs import FeatureBatch
+from embcore.sharding.planner._tables import expected_rows
+from embcore.stats import StatsCollector, StatsTable, TableStats, load_stats
+
+
+def _batch(ids: list[int]) -> FeatureBatch:
+    values = torch.tensor(ids, dtype=torch.int64)
+    return FeatureBatch(values, torch.arange(len(ids) + 1), None, "sum", (len(ids),))
+
+
+def test_unique_keys_per_step_and_rows_held(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    held = iter([10, 250, 40])  # what the table holds at each sampled batch
+    table = StatsTable("user", None, 8, 1, rows_held=lambda: next(held))
+    collector = StatsCollector(tmp_path, [table], sample_rate=1.0)
+    uniques = []
+    for _ in range(3):
+        keys = rng.integers(-(2**63), 2**63 - 1, 50, dtype=np.int64)
+        keys[:20] = keys[0]  # repeats
+        collector.observe([[_batch(keys.tolist())]])
+        uniques.append(len(set(keys.tolist())))
+    s = collector.stats[0]
+    assert s.unique_ids == sum(uniques)
+    assert s.mean_unique_ids == pytest.approx(np.mean(uniques))
+    assert s.rows_held == 250  # the most seen
+    assert s.key["vocabulary_size"] is None
+    (path,) = collector.flush()
+    data = json.loads(path.read_text())
+    assert data["summary"]["rows_held"] == 250 and data["unique_ids"] == sum(uniques)
+    loaded = load_stats(tmp_path, s.key)
+    assert (loaded.unique_ids, loaded.rows_held) == (sum(uniques), 250)
+
+
+def test_fixed_tables_hold_no_rows_count(tmp_path) -> None:
+    collector = StatsCollector(tmp_path, [StatsTable("t", 100, 4, 1)], sample_rate=1.0)
+    collector.observe([[_batch([1, 1, 2])]])
+    assert collector.stats[0].rows_held == 0 and collector.stats[0].unique_ids == 2
+
+
+def test_merge_adds_unique_keys_and_keeps_the_most_rows() -> None:
+    a = TableStats("t", {"table": "t"}, batches=2, unique_ids=30, rows_held=100)
+    b = TableStats("t", {"table": "t"}, batches=1, unique_ids=12, rows_held=70)
+    a.merge(b)
+    assert (a.batches, a.unique_ids, a.rows_held) == (3, 42, 100)
+    assert a.mean_unique_ids == pytest.approx(14.0)
+
+
+def test_files_without_the_new_fields_still_load() -> None:
+    data = TableStats("t", {"table": "t"}, batches=1).to_json()
+    del data["unique_ids"], data["rows_held"]
+    s = TableStats.from_json(data)
+    assert (s.unique_ids, s.rows_held) == (0, 0)
+
+
+def _dynamic(max_rows: int | None) -> ResolvedTable:
+    """A dynamic table as the planner reads it (its config's size and eviction only)."""
+    eviction = None if max_rows is None else SimpleNamespace(max_rows=max_rows)
+    config = SimpleNamespace(vocabulary_size=None, dim=8, eviction=eviction)
+    return ResolvedTable(0, "user", config, None)  # type: ignore[arg-type]
+
+
+def test_expected_rows_of_fixed_and_dynamic_tables() -> None:
+    fixed = ResolvedTable(0, "t", TableConfig(vocabulary_size=123, dim=4), None)
+    assert expected_rows(fixed, {"rows_held": 5}) == 123
+    assert expected_rows(_dynamic(5000), {"rows_held": 40}) == 5000  # the bound wins
+    assert expected_rows(_dynamic(None), {"rows_held": 40}) == 40
+    assert expected_rows(_dynamic(None), TableStats("user", {}, rows_held=77)) == 77
+    with pytest.raises(ValueError, match=r"dynamic table 'user' has no expected size.*max_rows"):
+        expected_rows(_dynamic(None), None)
+    with pytest.raises(ValueError, match="rows_held > 0; got 0"):
+        expected_rows(_dynamic(None), {"rows_held": 0})
