@@ -12,7 +12,7 @@ from torch import nn
 from sidebyside.workloads import Batch, Workload, projection
 
 NAME = "plain PyTorch + dict"
-OPTIMIZERS = {"adagrad": "dict + EmbeddingBag + optim.Adagrad"}
+OPTIMIZERS = {"adagrad": "EmbeddingBag + optim.Adagrad"}
 
 
 def unavailable() -> str | None:

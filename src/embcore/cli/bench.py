@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     sidebyside.write(results, args.out)
     table = sidebyside.markdown(results)
     print(table)
+    print(sidebyside.dynamic_markdown(results))
     markdown = args.markdown
     if markdown is None and not args.quick and not args.no_markdown:
         markdown = root.parent / "BENCHMARKS.md"

@@ -32,6 +32,7 @@ from embcore import _atomic
 from embcore._files import read_regular
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
+from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.train.config import Config
 from embcore.train.model import build_model
@@ -99,6 +100,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike)
     """Rebuild the model of a training checkpoint and export it (see :func:`export_bundle`)."""
     tensors, meta = load_checkpoint(checkpoint)
     config = Config.from_dict(meta["config"])
+    if config.model.tables == "dynamic":
+        raise UserError(
+            f'{os.fspath(checkpoint)}: a run with dynamic tables (model.tables = "dynamic") '
+            "cannot be exported yet: a serving bundle holds fixed-size tables; score it with "
+            "the trained model in Python, or train with fixed tables to export"
+        )
     vocab = capped_vocab_sizes(config.data.vocab_cap)
     model = build_model(config.model, vocab, optimizer=None, seed=config.train.seed)
     state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
