@@ -1,7 +1,7 @@
-"""The engine's reads of dynamic tables: :meth:`table_keys` and :meth:`table_rows`.
+"""The engine's reads of dynamic tables: ``table_keys``, ``table_rows``, ``table_info``.
 
-:class:`DynamicTablesAPI` gives :class:`embcore.EmbeddingEngine` these two methods; they read
-the store's key space and rows and never insert, count or refresh a key. See
+:class:`DynamicTablesAPI` gives :class:`embcore.EmbeddingEngine` these methods; they read the
+store's key space and rows and never insert, count or refresh a key. See
 docs/dynamic_tables.md.
 """
 
@@ -18,7 +18,7 @@ __all__ = ["DynamicTablesAPI"]
 
 
 class DynamicTablesAPI:
-    """``table_keys`` / ``table_rows`` of :class:`EmbeddingEngine`."""
+    """``table_keys`` / ``table_rows`` / ``table_info`` of :class:`EmbeddingEngine`."""
 
     _tables: list[ResolvedTable]
     _pipeline: Any
@@ -59,6 +59,15 @@ class DynamicTablesAPI:
             )
         self._pipeline.wait()
         return self.store.table_rows(t.index, keys.to(torch.int64))
+
+    def table_info(self, table: str) -> dict[str, int]:
+        """Counters of dynamic table ``table``: ``rows`` (keys holding a row), ``pending``
+        (keys counted but not admitted yet), ``dropped_gradients`` (occurrences whose
+        gradient was dropped because their key had no row at the update) and ``step``
+        (step boundaries the key space has passed)."""
+        t = self._dynamic_table(table, "table_info")
+        self._pipeline.wait()
+        return self.store.table_info(t.index)
 
     def _dynamic_table(self, name: str, what: str) -> ResolvedTable:
         for t in self._tables:

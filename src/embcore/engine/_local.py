@@ -236,6 +236,17 @@ class LocalStore(nn.Module):
         """``(N, dim)`` rows of ``keys`` (``(N,) int64``), zeros without a row; inserts nothing."""
         return self.dynamic[table].rows(keys.cpu().numpy()).to(torch.float32)
 
+    def table_info(self, table: int) -> dict[str, int]:
+        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``)."""
+        rows = self.dynamic[table]
+        pending = rows.space.pending
+        return {
+            "rows": len(rows.space),
+            "pending": 0 if pending is None else len(pending),
+            "dropped_gradients": rows.dropped_gradients,
+            "step": rows.space.step,
+        }
+
     def dynamic_state(self, table: int) -> dict[str, Any]:
         """Dynamic table ``table``'s whole content: :meth:`KeySpace.state` (``step``, ``keys``,
         ``freq``, ``last_seen``, ``pending/...`` NumPy arrays, by ascending key) plus
