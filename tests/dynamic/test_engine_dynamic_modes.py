@@ -194,3 +194,22 @@ def test_skipped_step_is_no_step_boundary() -> None:
     info = emb.table_info("seq")
     # the training lookup admitted its keys; without an update there was no step boundary
     assert info["rows"] > before["rows"] and info["step"] == 0
+
+
+def test_load_dynamic_state_validates_before_changing_anything() -> None:
+    emb = dynamic_engine()
+    run((emb, dynamic_engine()), 3, (backward_step, backward_step))
+    t = next(t.index for t in emb.tables if t.name == "shared")
+    state = emb.store.dynamic_state(t)
+    assert list(state["keys"]) == emb.table_keys("shared").tolist()
+    assert torch.equal(state["weight"], emb.table_rows("shared", torch.from_numpy(state["keys"])))
+    before = emb.state_dict()
+    for broken in (
+        {k: v for k, v in state.items() if k != "freq"},
+        state | {"weight": state["weight"][:-1]},
+        state | {"keys": state["keys"][::-1].copy()},
+    ):
+        with pytest.raises(ValueError, match="table 'shared'"):
+            emb.store.load_dynamic_state(t, broken)
+    after = emb.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -160,8 +160,9 @@ class DynamicRows:
             for k, v in state.items()
             if k not in ("weight", *self._slot_init)
         }
-        if "keys" not in arrays:
-            raise ValueError(f"table '{name}': a dynamic table's state needs 'keys'")
+        lacking = [k for k in ("step", "keys", "freq", "last_seen") if k not in arrays]
+        if lacking:
+            raise ValueError(f"table '{name}': a dynamic table's state needs {lacking}")
         n = arrays["keys"].shape[0] if arrays["keys"].ndim == 1 else -1
         cfg = self.table.config
         space = KeySpace.from_state(name, arrays, cfg.admission, cfg.eviction)
