@@ -263,3 +263,20 @@ def test_statistics_record_keys(tmp_path) -> None:
     emb = engine(profile_data_directory=str(tmp_path), profile_sample_rate=1.0)
     train(emb, {"f": [I64_MAX, 5, 5]})
     assert len(emb.write_statistics()) == 1
+
+
+def test_row_evicted_between_lookup_and_update_gets_no_gradient() -> None:
+    emb = engine(eviction=ec.Eviction(max_rows=1))
+    first = emb({"f": torch.tensor([1])})["f"]
+    second = emb({"f": torch.tensor([2])})["f"]
+    assert keys(emb) == [1, 2]
+    second.sum().backward()  # step 0 ends: two rows, one allowed; key 1 (smaller) goes
+    assert keys(emb) == [2]
+    np.testing.assert_array_equal(emb.table_rows("t", [2]), init([2]) - 1)
+    first.sum().backward()  # key 1's row was freed: its gradient is dropped
+    assert emb.table_info("t")["dropped_gradients"] == 1
+    np.testing.assert_array_equal(emb.table_rows("t", [2]), init([2]) - 1)
+    assert keys(emb) == [2]
+    # the freed row goes to the next new key, re-initialised
+    acts = train(emb, {"f": [3]})
+    np.testing.assert_array_equal(acts["f"], init([3]))

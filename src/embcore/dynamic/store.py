@@ -86,7 +86,9 @@ class DynamicRows:
         if not training:
             rows = self.space.lookup(flat)
         else:
-            self._reserve(self.space.num_rows + flat.size)  # before any change of state
+            # room for every key being new, before any change of state (freed rows first)
+            space = self.space
+            self._reserve(space.num_rows + max(0, flat.size - space.num_free))
             admitted = self.space.train(flat)
             rows = admitted.rows
             self._initialise(admitted.new_keys, admitted.new_rows)
