@@ -4,12 +4,12 @@ the planner's expected rows of a dynamic table."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+import embcore as ec
 from embcore.config import ResolvedTable, TableConfig
 from embcore.inputs import FeatureBatch
 from embcore.sharding.planner._tables import expected_rows
@@ -66,10 +66,9 @@ def test_files_without_the_new_fields_still_load() -> None:
 
 
 def _dynamic(max_rows: int | None) -> ResolvedTable:
-    """A dynamic table as the planner reads it (its config's size and eviction only)."""
-    eviction = None if max_rows is None else SimpleNamespace(max_rows=max_rows)
-    config = SimpleNamespace(vocabulary_size=None, dim=8, eviction=eviction)
-    return ResolvedTable(0, "user", config, None)  # type: ignore[arg-type]
+    eviction = None if max_rows is None else ec.Eviction(max_rows=max_rows)
+    config = TableConfig(vocabulary_size=None, dim=8, name="user", eviction=eviction)
+    return ResolvedTable(0, "user", config, None)
 
 
 def test_expected_rows_of_fixed_and_dynamic_tables() -> None:
@@ -82,3 +81,27 @@ def test_expected_rows_of_fixed_and_dynamic_tables() -> None:
         expected_rows(_dynamic(None), None)
     with pytest.raises(ValueError, match="rows_held > 0; got 0"):
         expected_rows(_dynamic(None), {"rows_held": 0})
+
+
+def test_an_engine_profiles_a_dynamic_table(tmp_path) -> None:
+    user = ec.TableConfig(vocabulary_size=None, dim=4, name="user")
+    item = ec.TableConfig(vocabulary_size=50, dim=4, name="item")
+    engine = ec.EmbeddingEngine(
+        {"u": ec.FeatureConfig(table=user), "i": ec.FeatureConfig(table=item)},
+        optimizer=ec.SGD(0.1),
+        profile_data_directory=str(tmp_path),
+        profile_sample_rate=1.0,
+    )
+    steps = [[5, -(2**63), 5, 2**63 - 1], [7, 5, 8, 9], [10, 11, 12, 13]]
+    for keys in steps:
+        acts = engine({"u": torch.tensor(keys), "i": torch.tensor([1, 2, 3, 4])})
+        sum(a.sum() for a in acts.values()).backward()
+    engine.write_statistics()
+    key = {t.name: t for t in engine.store.stats_tables()}["user"]
+    stats = {p.name.split("-")[0]: json.loads(p.read_text()) for p in tmp_path.iterdir()}
+    assert stats["user"]["unique_ids"] == 3 + 4 + 4
+    # observed before each step's lookup: 0, then 3, then 3 + 3 (5 was held) rows
+    assert stats["user"]["rows_held"] == 6
+    assert stats["item"]["rows_held"] == 0 and stats["item"]["key"]["vocabulary_size"] == 50
+    assert stats["user"]["key"]["vocabulary_size"] is None and key.rows_held is not None
+    assert engine.table_info("user")["rows"] == 10

@@ -272,7 +272,18 @@ class LocalStore(nn.Module):
 
     # -------------------------------------------------------------------- statistics
     def stats_tables(self) -> list[StatsTable]:
-        return [StatsTable(t.name, t.vocabulary_size, t.dim, len(t.features)) for t in self.tables]
+        return [
+            StatsTable(
+                t.name,
+                t.vocabulary_size,
+                t.dim,
+                len(t.features),
+                rows_held=(lambda rows=self.dynamic[t.index]: len(rows.space))
+                if t.index in self.dynamic
+                else None,
+            )
+            for t in self.tables
+        ]
 
     def write_statistics(self, stats: StatsCollector) -> list[Path]:
         return stats.flush()
