@@ -143,7 +143,7 @@ def test_dynamic_section_names_rows_peers_and_what_could_not_run() -> None:
     assert "| W3 | Adagrad | 28.0 | 1,234 | 1.00 | 2.00 |" in text
     # dict peer per run: 50/12, 60/28, 90/33 -> median 2.73x
     assert "W3, plain PyTorch + dict (Adagrad): 60.0 ms/step; embcore is 2.73x faster" in text
-    assert "TorchRec managed collisions could not run: torchrec does not import" in text
+    assert "TorchRec managed collisions could not run here: torchrec does not import" in text
     assert "| lookups, Zipf(1.05) keys | 25.0 | 26.0 | >= 20 M/s | yes |" in text
     assert "| lookups, uniform over the held keys | 15.0 | 16.0 | >= 20 M/s | no |" in text
     assert "| 22.5 bytes/key | | <= ~24 | yes |" in text

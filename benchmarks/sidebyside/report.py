@@ -26,6 +26,8 @@ BANDWIDTH_TARGET = 0.70  # of the random-row gather bandwidth, embcore Adagrad, 
 MEMORY_TARGET = 1.3  # peak RSS over tables + slots, embcore Adagrad on W1
 DYNAMIC = "embcore, dynamic tables"
 DYNAMIC_TARGET = 1.3  # W3 step (dynamic tables, raw keys) over the W1 step (fixed tables)
+#: the systems that run W3 (raw 64-bit keys)
+RAW_KEY_SYSTEMS = (DYNAMIC, "plain PyTorch + dict", "TorchRec managed collisions")
 
 
 def summarize(results: dict) -> list[dict]:
@@ -248,9 +250,17 @@ def dynamic_markdown(results: dict) -> str:
         "(`TableConfig(vocabulary_size=None)`, docs/dynamic_tables.md) that start empty and "
         "admit every key on first sight, so the timed steps include the inserts of new keys "
         "and the growth of the row storage. It runs in the same process as W1, the workloads "
-        "taking turns within each run; the ratio below is taken within each run. The peers "
-        "keep one fixed-size table per feature, sized for every distinct key of the workload "
-        "up front; embcore's state is the rows held after the last step.",
+        "taking turns within each run; the ratio below is taken within each run. New rows "
+        "start from W1's initializer. W3-evict adds eviction (the workload line above says "
+        "how much), which bites from the first steps. The peers keep one fixed-size table per "
+        "feature, sized for every distinct key of the workload up front: plain PyTorch maps "
+        "each key to a row through a Python `dict` (first sight, no eviction) in front of "
+        "`nn.EmbeddingBag(sparse=True)` and `optim.Adagrad`; TorchRec's "
+        "`ManagedCollisionEmbeddingBagCollection` puts an `MCHManagedCollisionModule` per "
+        "table (LRU eviction, `eviction_interval=1`, so a key has its slot in the step that "
+        "first sees it) in front of an unsharded `EmbeddingBagCollection` on CPU, whose bags "
+        "are switched to sparse gradients for `optim.Adagrad` (unsharded TorchRec has no fused "
+        "CPU optimizer). embcore's state is the rows held after the last step.",
         "",
     ]
     checks = [c for c in targets(rows) if "dynamic-table" in c["target"]]
@@ -282,7 +292,15 @@ def dynamic_markdown(results: dict) -> str:
                 f"* {r['workload']}, {r['system']} ({r['label']}): {r['median_ms']:.1f} ms/step{vs}"
             )
     for system, reason in results["skipped"].items():
-        lines.append(f"* {system} could not run: {reason}")
+        if system not in RAW_KEY_SYSTEMS:
+            continue
+        hint = (
+            " (torchrec 1.8.0 with fbgemm-gpu-cpu 1.8.0 imports and runs on CPU beside torch "
+            "2.13: install them to measure it)"
+            if system.startswith("TorchRec")
+            else ""
+        )
+        lines.append(f"* {system} could not run here: {reason}{hint}")
     if index is not None:
         from dynamic_index import markdown as index_markdown
 
