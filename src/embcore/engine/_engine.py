@@ -179,7 +179,8 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
     @property
     def embedding_tables(self) -> dict[str, Tensor]:
         """``{table name: (vocab, dim)}``: the live tensors of one process; with sharded
-        tables, full copies gathered on every rank (a collective: every rank must ask)."""
+        tables, full copies gathered on every rank (a collective: every rank must ask); for a
+        dynamic table a copy of its rows in :meth:`table_keys` order."""
         self._pipeline.wait()
         full = self.store.gather([(t.index, "weight") for t in self._tables])
         return {t.name: w for t, w in zip(self._tables, full, strict=True)}
