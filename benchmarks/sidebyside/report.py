@@ -63,6 +63,7 @@ def summarize(results: dict) -> list[dict]:
                 "peak_rss": runs[0]["peak_rss"],
                 "rss_before": runs[0]["rss_before"],
                 "rows_held": runs[0].get("rows_held"),
+                "runs_cpu_ms": [r.get("median_cpu_ms") for r in runs],
             }
         )
     return rows
@@ -234,6 +235,37 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpu_ratios(rows: list[dict]) -> list[tuple[str, str, float, float, float]]:
+    """``(workload, optimizer label, dynamic CPU ms, fixed CPU ms, ratio)`` per raw-key
+    workload: medians over the runs, the ratio taken within each run."""
+    out = []
+    for workload, twin in FIXED_TWIN.items():
+        for optimizer in ("adagrad", "rowwise_adagrad"):
+            a, b = (
+                _find(rows, workload, DYNAMIC, optimizer),
+                _find(rows, twin, "embcore", optimizer),
+            )
+            if not a or not b or None in a["runs_cpu_ms"] or None in b["runs_cpu_ms"]:
+                continue
+            fixed = dict(zip(b["repeats"], b["runs_cpu_ms"], strict=True))
+            ratios = [
+                ms / fixed[r]
+                for r, ms in zip(a["repeats"], a["runs_cpu_ms"], strict=True)
+                if r in fixed
+            ]
+            if ratios:
+                out.append(
+                    (
+                        workload,
+                        a["label"],
+                        float(np.median(a["runs_cpu_ms"])),
+                        float(np.median(b["runs_cpu_ms"])),
+                        float(np.median(ratios)),
+                    )
+                )
+    return out
+
+
 def dynamic_markdown(results: dict) -> str:
     """BENCHMARKS.md's dynamic-tables section: W3 against W1, the peers that ran (or why
     not), the rows held, and the key index alone (empty when W3 was not run)."""
@@ -269,6 +301,21 @@ def dynamic_markdown(results: dict) -> str:
         lines += [
             f"| {c['target']} | {c['want']} | {c['got']} | {'yes' if c['met'] else 'no'} |"
             for c in checks
+        ]
+        lines.append("")
+    cpu = _cpu_ratios(rows)
+    if cpu:
+        lines += [
+            "The same ratio in CPU time (the process's CPU seconds per step, median of the "
+            "timed steps, ratio within each run, median over the runs): on a shared machine "
+            "the steadier figure, equal to the wall clock with one thread and a core to itself.",
+            "",
+            "| workload | optimizer | CPU ms/step, embcore dynamic | CPU ms/step, fixed twin | "
+            "ratio |",
+            "|---|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {w} | {label} | {a:.1f} | {b:.1f} | {ratio:.2f}x |" for w, label, a, b, ratio in cpu
         ]
         lines.append("")
     held = [r for r in dynamic if r["system"] == DYNAMIC and r["rows_held"] is not None]

@@ -85,11 +85,12 @@ def _time_system(system, workload, optimizer, batches, options: Options) -> dict
     start = time.perf_counter()
     run = system.build(workload, optimizer, batches)
     build_seconds = time.perf_counter() - start
-    times = []
+    times, cpu = [], []
     for i in range(options.warmup + options.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         run.step(i)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     peak = memory.peak_rss()
     state_bytes = run.state_bytes
     rows_held = getattr(run, "rows_held", None)  # dynamic tables: rows after the last step
@@ -109,6 +110,9 @@ def _time_system(system, workload, optimizer, batches, options: Options) -> dict
         "label": system.OPTIMIZERS[optimizer],
         "step_ms": [1e3 * t for t in times],
         "median_ms": 1e3 * median,
+        # CPU seconds of the whole process (all its threads) per step: steadier than the wall
+        # clock on a shared machine, and equal to it with one thread and a core to itself
+        "median_cpu_ms": 1e3 * float(np.median(cpu[options.warmup :])),
         "samples_per_s": workload.batch / median,
         "bytes_per_step": moved,
         "gb_s": moved / median / 1e9,
