@@ -172,3 +172,17 @@ def test_the_cpu_time_ratio_is_taken_within_each_run() -> None:
             r["median_cpu_ms"] = {0: 12.0, 1: 40.0, 2: 30.0}[r["repeat"]]
     # fixed CPU ms 5, 10, 15 -> per run 2.4, 4.0, 2.0 -> median 2.4 (medians: 30 / 10 = 3.0)
     assert "| W3 | Adagrad | 30.0 | 10.0 | 2.40x |" in dynamic_markdown(results)
+
+
+def test_mainjob_refuses_tables_the_plain_peer_cannot_have() -> None:
+    from sidebyside import mainjob
+
+    options = mainjob.MainJobOptions(
+        repeats=1,
+        warmup=0,
+        steps=1,
+        batches=1,
+        overrides=["data.batch_size=8", "data.vocab_cap=100", 'model.tables="dynamic"'],
+    )
+    with pytest.raises(ValueError, match="plain PyTorch peer has fixed tables of table rows"):
+        mainjob.run(options, log=lambda line: None)

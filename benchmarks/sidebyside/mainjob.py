@@ -85,6 +85,7 @@ def _embcore(cfg: Config, source: Any, data: list[Any]) -> Step:
         optimizer=embedding_optimizer(cfg.optim),
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
+        raw_ids=cfg.data.raw_ids,
     )
     opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
     inputs = [(b.dense, b.labels, model.engine.prepare(model.features(b.sparse))) for b in data]
@@ -108,6 +109,11 @@ def _embcore(cfg: Config, source: Any, data: list[Any]) -> Step:
 
 
 def _plain(cfg: Config, source: Any, data: list[Any], like: nn.Module) -> Step:
+    if cfg.data.raw_ids or cfg.model.tables != "fixed":
+        raise ValueError(
+            "embcore bench --mainjob: the plain PyTorch peer has fixed tables of table rows; "
+            f"got data.raw_ids={cfg.data.raw_ids} and model.tables={cfg.model.tables!r}"
+        )
     if cfg.optim.embedding_optimizer != "adagrad":
         raise ValueError(
             "embcore bench --mainjob: the plain PyTorch peer runs Adagrad; got "
