@@ -1,5 +1,5 @@
-"""Lookup statistics of dynamic tables: unique keys per step, rows held, their JSON and merges;
-the planner's expected rows of a dynamic table."""
+"""Lookup statistics of dynamic tables: unique keys per step, rows held, their JSON and merges,
+and an engine profiling one."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 import torch
 
 import embcore as ec
-from embcore.config import ResolvedTable, TableConfig
 from embcore.inputs import FeatureBatch
-from embcore.sharding.planner._tables import expected_rows
 from embcore.stats import StatsCollector, StatsTable, TableStats, load_stats
 
 
@@ -63,24 +61,6 @@ def test_files_without_the_new_fields_still_load() -> None:
     del data["unique_ids"], data["rows_held"]
     s = TableStats.from_json(data)
     assert (s.unique_ids, s.rows_held) == (0, 0)
-
-
-def _dynamic(max_rows: int | None) -> ResolvedTable:
-    eviction = None if max_rows is None else ec.Eviction(max_rows=max_rows)
-    config = TableConfig(vocabulary_size=None, dim=8, name="user", eviction=eviction)
-    return ResolvedTable(0, "user", config, None)
-
-
-def test_expected_rows_of_fixed_and_dynamic_tables() -> None:
-    fixed = ResolvedTable(0, "t", TableConfig(vocabulary_size=123, dim=4), None)
-    assert expected_rows(fixed, {"rows_held": 5}) == 123
-    assert expected_rows(_dynamic(5000), {"rows_held": 40}) == 5000  # the bound wins
-    assert expected_rows(_dynamic(None), {"rows_held": 40}) == 40
-    assert expected_rows(_dynamic(None), TableStats("user", {}, rows_held=77)) == 77
-    with pytest.raises(ValueError, match=r"dynamic table 'user' has no expected size.*max_rows"):
-        expected_rows(_dynamic(None), None)
-    with pytest.raises(ValueError, match="rows_held > 0; got 0"):
-        expected_rows(_dynamic(None), {"rows_held": 0})
 
 
 def test_an_engine_profiles_a_dynamic_table(tmp_path) -> None:

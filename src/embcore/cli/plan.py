@@ -65,8 +65,7 @@ CONFIG_HELP = """\
    "optimizer": "adagrad", "batch_size": 4096}
   per table: name (default table_<i>), vocabulary_size and dim (required), features (how many
   features read the table, default 1), max_sequence_length (0: pooled), combiner (mean, sum,
-  sqrtn), ids_per_example (lookup statistics for the planner; optional). A dynamic table has
-  "vocabulary_size": null; its expected rows are its "max_rows", else the rows held in --stats.
+  sqrtn), ids_per_example (lookup statistics for the planner; optional).
   optimizer: sgd, adagrad (default), adagrad_momentum, adam, ftrl, rowwise_adagrad, none.
   batch_size: the per-rank batch size (default 1024); --batch-size and --optimizer override.
 --stats DIR|FILE: a profile_data_directory, or {"TABLE": {"ids_per_example": 20,
@@ -148,7 +147,7 @@ def _human(n: float) -> str:
 
 
 _TABLE_FIELDS = ("name", "vocabulary_size", "dim", "features", "max_sequence_length",
-                 "ids_per_example", "combiner", "max_rows")  # fmt: skip
+                 "ids_per_example", "combiner")  # fmt: skip
 _TOP_FIELDS = ("tables", "optimizer", "batch_size")
 
 
@@ -190,15 +189,11 @@ def feature_config(
         if missing:
             raise UserError(f"{where}: missing fields {missing}")
         try:
-            max_rows = t.get("max_rows")
-            if max_rows is not None and t["vocabulary_size"] is not None:
-                raise ValueError("max_rows is for dynamic tables (vocabulary_size null)")
             table = ec.TableConfig(
                 vocabulary_size=t["vocabulary_size"],
                 dim=t["dim"],
                 name=t.get("name", f"table_{i}"),
                 combiner=t.get("combiner", "mean"),
-                eviction=None if max_rows is None else ec.Eviction(max_rows=max_rows),
             )
             length = _int_field("max_sequence_length", t.get("max_sequence_length", 0), 0)
             for f in range(_int_field("features", t.get("features", 1), 1)):

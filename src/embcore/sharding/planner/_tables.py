@@ -1,7 +1,5 @@
 """The planner's view of the tables: sizes and expected ids per step, from the feature config
-and, when given, lookup statistics. A dynamic table's size is its expected rows: its
-``eviction.max_rows`` (a bound), else the rows its statistics saw it hold. See
-``docs/sharding.md`` ("Plans")."""
+and, when given, lookup statistics. See ``docs/sharding.md`` ("Plans")."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from embcore.optimizers.base import Optimizer
 from embcore.sharding.schemes import PlannedTable
 from embcore.sharding.schemes._cost import F32_BYTES
 
-__all__ = ["Resolved", "expected_rows", "planned_tables", "resolved"]
+__all__ = ["Resolved", "planned_tables", "resolved"]
 
 #: ``(features, tables)`` as :func:`embcore.config.resolve` returns them.
 Resolved = tuple[list[ResolvedFeature], list[ResolvedTable]]
@@ -45,50 +43,23 @@ def planned_tables(
         lengths = [features[i].config.max_sequence_length or 1 for i in t.features]
         samples = batch_size * sum(lengths)
         ids_per_example, unique_ratio = float(sum(lengths)), 1.0
-        table_stats = stats.get(t.name) if stats is not None else None
-        if table_stats is not None:
-            ids_per_example, unique_ratio = _stat(table_stats, t.name)
+        if stats is not None and t.name in stats:
+            ids_per_example, unique_ratio = _stat(stats[t.name], t.name)
         ids = batch_size * ids_per_example
-        rows = expected_rows(t, table_stats)
         out.append(
             PlannedTable(
                 name=t.name,
-                vocab=rows,
+                vocab=t.vocabulary_size,
                 dim=t.dim,
                 col_bytes=F32_BYTES * (1 + sum(not s.rowwise for s in specs)),
                 row_bytes=F32_BYTES * sum(s.rowwise for s in specs),
                 samples=float(samples),
                 ids=ids,
-                unique=min(float(rows), ids * unique_ratio),
+                unique=min(float(t.vocabulary_size), ids * unique_ratio),
                 element_wise=not any(s.rowwise for s in specs),
             )
         )
     return out
-
-
-def expected_rows(table: ResolvedTable, stats: Any = None) -> int:
-    """A fixed table's ``vocabulary_size``; a dynamic table's ``eviction.max_rows`` (the most
-    it can hold), else the rows its lookup statistics saw it hold (``stats``: an
-    ``embcore.stats.TableStats`` or a dict with ``rows_held``).
-
-    Raises:
-        ValueError: a dynamic table with neither, naming the table and what to give.
-    """
-    if table.vocabulary_size is not None:
-        return table.vocabulary_size
-    eviction = getattr(table.config, "eviction", None)
-    if eviction is not None and eviction.max_rows is not None:
-        return int(eviction.max_rows)
-    held = (
-        stats.get("rows_held") if isinstance(stats, Mapping) else getattr(stats, "rows_held", None)
-    )
-    if isinstance(held, int) and not isinstance(held, bool) and held > 0:
-        return held
-    raise ValueError(
-        f"plan: dynamic table '{table.name}' has no expected size: give it "
-        "eviction=Eviction(max_rows=...), or lookup statistics of a run that used it "
-        f"(rows_held > 0; got {held!r})"
-    )
 
 
 def _stat(value: Any, name: str) -> tuple[float, float]:
