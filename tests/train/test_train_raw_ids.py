@@ -82,14 +82,25 @@ def test_fixed_tables_fold_raw_ids_by_floored_modulo() -> None:
     assert type(plain) is not FoldedDLRM  # without raw ids nothing is folded
 
 
-def test_a_raw_id_run_with_fixed_tables_learns(tiny: Config) -> None:
+def test_a_raw_id_run_with_fixed_tables_learns_and_serves(tiny: Config, capsys) -> None:
+    from embcore.cli.main import main
+    from embcore.data.batch import capped_vocab_sizes
+    from embcore.train.loop import evaluate
+    from embcore.train.sources import build_source
+
     cfg = tiny.with_overrides(["data.raw_ids=true", "train.steps=40", "train.eval_every=40"])
     result = train(cfg, echo=lambda _: None)
     assert result.final["auc"] > 0.55  # the folded ids still carry the signal
     summary = json.loads((Path(cfg.train.out_dir) / "summary.json").read_text())
-    from embcore.data.batch import capped_vocab_sizes
-
     assert summary["embedding_rows"] == sum(capped_vocab_sizes(300))
+    # the bundle folds the raw held-out ids as training did: the same scores
+    run = cfg.train.out_dir
+    scores = Path(run) / "scores.npy"
+    assert main(["export", "--run", run]) == 0
+    assert main(["predict", "--bundle", f"{run}/export", "--output", str(scores)]) == 0
+    assert f"AUC {result.final['auc']:.4f}" in capsys.readouterr().out
+    eval_set = build_source(cfg.data).eval_set()
+    np.testing.assert_allclose(np.load(scores), evaluate(result.model, eval_set), atol=1e-6)
 
 
 def test_export_of_a_dynamic_table_run_is_a_clear_error(tmp_path: Path, capsys) -> None:

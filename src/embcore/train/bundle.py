@@ -107,7 +107,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike)
             "the trained model in Python, or train with fixed tables to export"
         )
     vocab = capped_vocab_sizes(config.data.vocab_cap)
-    model = build_model(config.model, vocab, optimizer=None, seed=config.train.seed)
+    model = build_model(
+        config.model, vocab, optimizer=None, seed=config.train.seed, raw_ids=config.data.raw_ids
+    )
     state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
     # A lookup-only engine has no slots: keep the weights and the step, drop optimizer slots.
     keep = set(model.state_dict())
@@ -172,7 +174,9 @@ def load_bundle(path: str | os.PathLike) -> ServingModel:
             f"{root}/tables.safetensors: expected tables {list(SPARSE_NAMES)}, got {sorted(tables)}"
         )
     vocab = [int(tables[name].shape[0]) for name in SPARSE_NAMES]
-    model = build_model(config.model, vocab, optimizer=None, seed=0, tables=tables)
+    model = build_model(
+        config.model, vocab, optimizer=None, seed=0, tables=tables, raw_ids=config.data.raw_ids
+    )
     dense = load_file(root / "dense.safetensors")
     missing, unexpected = model.load_state_dict(dense, strict=False)
     missing = [k for k in missing if not k.startswith(_ENGINE)]
