@@ -235,6 +235,17 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpu_speedup(ours: dict, peer: dict) -> float | None:
+    """Median over the runs both made of ``peer CPU ms / our CPU ms`` within each run."""
+    mine = dict(zip(ours["repeats"], ours["runs_cpu_ms"], strict=True))
+    ratios = [
+        p / mine[r]
+        for r, p in zip(peer["repeats"], peer["runs_cpu_ms"], strict=True)
+        if p is not None and mine.get(r)
+    ]
+    return float(np.median(ratios)) if ratios else None
+
+
 def _cpu_ratios(rows: list[dict]) -> list[tuple[str, str, float, float, float]]:
     """``(workload, optimizer label, dynamic CPU ms, fixed CPU ms, ratio)`` per raw-key
     workload: medians over the runs, the ratio taken within each run."""
@@ -335,6 +346,8 @@ def dynamic_markdown(results: dict) -> str:
         if r["system"] != DYNAMIC:
             ours = _find(rows, r["workload"], DYNAMIC, r["optimizer"])
             vs = "" if ours is None else f"; embcore is {speedup(ours, r):.2f}x faster"
+            if ours is not None and (cpu := _cpu_speedup(ours, r)) is not None:
+                vs += f" ({cpu:.2f}x in CPU time)"
             lines.append(
                 f"* {r['workload']}, {r['system']} ({r['label']}): {r['median_ms']:.1f} ms/step{vs}"
             )
