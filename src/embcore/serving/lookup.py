@@ -18,6 +18,7 @@ from embcore import nest
 from embcore._input_checks import check_ids
 from embcore.config import FeatureConfig, ResolvedFeature, ResolvedTable
 from embcore.inputs import RaggedIds
+from embcore.keyed_jagged import unpack_keyed_jagged
 
 __all__ = ["ServingLookup"]
 
@@ -36,10 +37,10 @@ class ServingLookup(nn.Module):
                                  (B, L, dim) for a sequence feature (max_sequence_length L)
         (values, row_splits, weights)   the same with (N,) float32 per-id weights
 
-    and :class:`embcore.RaggedIds` in eager calls. Pooled rows are combined with the table's
-    combiner (sum, mean, sqrtn), safe_lookup tables prune ids < 0 (and weights <= 0 for mean
-    and sqrtn), sequence features place position ``p < L`` of row ``b`` at ``[b, p]`` as the
-    engine does.
+    and, in eager calls, :class:`embcore.RaggedIds` or a TorchRec ``KeyedJaggedTensor``.
+    Pooled rows are combined with the table's combiner (sum, mean, sqrtn), safe_lookup tables
+    prune ids < 0 (and weights <= 0 for mean and sqrtn), sequence features place position
+    ``p < L`` of row ``b`` at ``[b, p]``: all as the engine does (docs/semantics.md §2).
 
     Bad values (an id outside ``[0, vocab)``, row splits that do not run from 0 to ``N`` without
     decreasing, non-finite weights) raise ``RuntimeError`` naming the feature and table, in
@@ -102,6 +103,7 @@ class ServingLookup(nn.Module):
 
     # ---------------------------------------------------------------------------- lookups
     def _flat(self, features: Any, weights: Any) -> list[Tensor]:
+        features, weights = unpack_keyed_jagged(features, weights)  # TorchRec's KJT, by key
         ids = nest.map_up_to(self._structure, features, "features", is_leaf=_is_feature)
         if weights is None:
             ws: list[Any] = [None] * len(ids)
