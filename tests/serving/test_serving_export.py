@@ -215,8 +215,10 @@ def test_features_with_an_output_shape_are_refused() -> None:
         ServingLookup(engine)
 
 
-def test_dlrm_exports_with_the_eager_models_logits(tmp_path: Path) -> None:
-    config = load_config(None, ["model.embedding_dim=4", "model.bottom_mlp=[8]"])
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_dlrm_exports_with_the_eager_models_logits(tmp_path: Path, interaction: str) -> None:
+    sets = ["model.embedding_dim=4", "model.bottom_mlp=[8]", f"model.interaction={interaction}"]
+    config = load_config(None, [*sets, "model.dcn_rank=4"])
     vocab = [7 + i for i in range(len(SPARSE_NAMES))]
     model = build_model(config.model, vocab, optimizer=None, seed=3).eval()
     rng = np.random.default_rng(0)
