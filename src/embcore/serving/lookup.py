@@ -66,6 +66,10 @@ class ServingLookup(nn.Module):
         self._features: tuple[ResolvedFeature, ...] = engine.features
         self._tables: tuple[ResolvedTable, ...] = engine.tables
         for t, weight in zip(self._tables, engine.embedding_tables.values(), strict=True):
+            if t.dynamic:  # a snapshot: rows in ascending key order, then the zero sink row
+                keys = engine.table_keys(t.name)
+                self.register_buffer(f"keys_{t.index}", torch.cat([keys, keys.new_zeros(1)]))
+                weight = torch.cat([weight, weight.new_zeros(1, t.dim)])
             self.register_buffer(f"table_{t.index}", weight.detach())
 
     @property
@@ -74,11 +78,12 @@ class ServingLookup(nn.Module):
         return [f.name for f in self._features]
 
     def extra_repr(self) -> str:
-        return (
-            "tables=["
-            + "; ".join(f"{t.name}: {t.vocabulary_size}x{t.dim} {t.combiner}" for t in self._tables)
-            + "]"
-        )
+        parts = []
+        for t in self._tables:
+            rows = getattr(self, f"table_{t.index}").shape[0]
+            size = f"dynamic {rows - 1}" if t.dynamic else str(rows)
+            parts.append(f"{t.name}: {size}x{t.dim} {t.combiner}")
+        return f"tables=[{'; '.join(parts)}]"
 
     def forward(self, features: Any, weights: Any = None) -> Any:
         """Activations in the structure of the engine's feature config.
@@ -154,7 +159,7 @@ class ServingLookup(nn.Module):
         ids = check_ids(name, ids, "ids")
         if ids.dim() >= 2:
             ids = ids.squeeze(-1)  # (B, ..., 1) -> (B, ...): no reshape, no size guard
-        self._check_range(table, name, ids)
+        ids = self._row_numbers(table, name, ids)
         if not table.config.safe_lookup:
             return nn.functional.embedding(ids, weight).float()
         keep = ids >= 0  # pruned: the sample is empty, its activation zeros
@@ -184,7 +189,7 @@ class ServingLookup(nn.Module):
             (splits[0] == 0) & (splits[-1] == n) & (splits[1:] >= splits[:-1]).all(),
             f"feature '{name}': row_splits must start at 0, end at len(values) and never decrease",
         )
-        self._check_range(table, name, values)
+        row_numbers = self._row_numbers(table, name, values)
         if w is not None:
             if w.dtype != torch.float32 or w.shape != values.shape:
                 raise ValueError(
@@ -195,7 +200,7 @@ class ServingLookup(nn.Module):
                 torch.isfinite(w).all(), f"feature '{name}': weights must be finite"
             )
         position = torch.arange(n, device=values.device)
-        row = torch.searchsorted(splits, position, right=True) - 1  # (N,) row of each id
+        row = torch.searchsorted(splits.contiguous(), position, right=True) - 1  # (N,) row of id
         length = feature.config.max_sequence_length
         keep = values >= 0 if table.config.safe_lookup else None
         combiner = table.combiner
@@ -210,13 +215,21 @@ class ServingLookup(nn.Module):
         if keep is not None and w is not None and combiner != "sum":
             keep = keep & (w > 0)
         gain = _gains(combiner, w, keep, sample, samples, n, values.device)
-        ids = values if keep is None else torch.where(keep, values, 0)
+        ids = row_numbers if keep is None else torch.where(keep, row_numbers, 0)
         contrib = weight.index_select(0, ids).float() * gain[:, None]  # (N, dim)
         out = torch.zeros(samples, table.dim, dtype=torch.float32, device=values.device)
         return out.index_add(0, sample, contrib).reshape(shape)
 
-    @staticmethod
-    def _check_range(table: ResolvedTable, name: str, ids: Tensor) -> None:
+    def _row_numbers(self, table: ResolvedTable, name: str, ids: Tensor) -> Tensor:
+        """The table rows of ``ids``: the ids themselves for a fixed table (checked to be in
+        range), for a dynamic table the position of each key among the sorted keys, or the
+        zero sink row after them for a key without a row."""
+        if table.dynamic:
+            keys = getattr(self, f"keys_{table.index}")
+            count = keys.shape[0] - 1  # the last entry is padding, never a match
+            position = torch.searchsorted(keys[:count], ids.contiguous())  # in [0, count]
+            found = (position < count) & (keys[position] == ids)
+            return torch.where(found, position, count)
         vocab = table.vocabulary_size
         ok = ids < vocab if table.config.safe_lookup else (ids >= 0) & (ids < vocab)
         torch._assert_async(
@@ -224,6 +237,7 @@ class ServingLookup(nn.Module):
             f"feature '{name}': an id is out of range for table '{table.name}' with "
             f"vocabulary_size {vocab}; ids must be in [0, {vocab})",
         )
+        return ids
 
 
 def _gains(
