@@ -10,6 +10,7 @@ import torch
 from numpy_reference import lookup
 
 import embcore as ec
+from embcore.models import DLRM, DotInteraction
 from embcore.serving import ServingLookup, export, lookup_dynamic_shapes
 
 DIM = 4
@@ -79,3 +80,37 @@ def test_a_dynamic_table_without_keys_reads_zeros() -> None:
     engine = ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}).eval()
     out = ServingLookup(engine)({"f": (torch.tensor([4, 9]), torch.tensor([0, 1, 2]))})
     assert torch.equal(out["f"], torch.zeros(2, 3))
+
+
+def test_a_dlrm_on_dynamic_tables_exports_with_identical_logits(tmp_path) -> None:
+    names = ["c0", "c1", "c2"]
+    tables = [ec.TableConfig(vocabulary_size=None, dim=DIM, name=n) for n in names]
+    engine = ec.EmbeddingEngine(
+        {n: ec.FeatureConfig(t) for n, t in zip(names, tables, strict=True)},
+        optimizer=ec.Adagrad(learning_rate=0.1),
+    )
+    model = DLRM(
+        engine=engine,
+        sparse_names=names,
+        num_dense=2,
+        bottom=[8],
+        top=[8],
+        interaction=DotInteraction(len(names), DIM),
+    )
+    rng = np.random.default_rng(0)
+
+    def rows(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dense = torch.from_numpy(rng.random((n, 2), dtype=np.float32))
+        return dense, torch.from_numpy(rng.integers(-(2**62), 2**62, (n, 3)) // 2**58)
+
+    model.train()
+    model(*rows(64)).sum().backward()  # admits the keys of one batch
+    model.eval()
+    batch = torch.export.Dim("batch", min=0)
+    program = export(model, rows(4), dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(program, tmp_path / "dlrm.pt2")
+    served = torch.export.load(tmp_path / "dlrm.pt2").module()
+    with torch.no_grad():
+        for n in (100, 1, 0):
+            dense, sparse = rows(n)  # about half the keys were seen in training
+            assert torch.equal(served(dense, sparse), model(dense, sparse)), n

@@ -227,7 +227,8 @@ class ServingLookup(nn.Module):
         if table.dynamic:
             keys = getattr(self, f"keys_{table.index}")
             count = keys.shape[0] - 1  # the last entry is padding, never a match
-            position = torch.searchsorted(keys[:count], ids.contiguous())  # in [0, count]
+            ids = ids.clone(memory_format=torch.contiguous_format)  # searchsorted: warns without
+            position = torch.searchsorted(keys[:count], ids)  # in [0, count]
             found = (position < count) & (keys[position] == ids)
             return torch.where(found, position, count)
         vocab = table.vocabulary_size
