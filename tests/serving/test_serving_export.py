@@ -4,6 +4,8 @@ lookups; the main job's DLRM exported gives the eager model's logits bit for bit
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,13 @@ from numpy_reference import Sample, lookup, safe_prune
 
 import embcore as ec
 from embcore.data.batch import NUM_DENSE, SPARSE_NAMES
-from embcore.serving import ServingLookup, export, lookup_dynamic_shapes, serving_module
+from embcore.serving import (
+    ServingLookup,
+    compile_package,
+    export,
+    lookup_dynamic_shapes,
+    serving_module,
+)
 from embcore.train.config import load_config
 from embcore.train.model import build_model
 
@@ -240,3 +248,27 @@ def test_dlrm_exports_with_the_eager_models_logits(tmp_path: Path, interaction: 
             want = model(dense, sparse)  # the engine's fused CPU kernels
             got = served(dense, sparse)
             assert got.shape == (n,) and torch.equal(got, want), n
+
+
+@pytest.mark.slow  # a C++ build: about 40 s on a small machine
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="AOTInductor needs a C++ compiler"
+)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_aot_inductor_package_gives_the_same_activations(engine_and_values, tmp_path) -> None:
+    engine, values = engine_and_values
+    example, _, _ = _batch(values, 5, seed=1)
+    program = export(engine, (example,), dynamic_shapes=(lookup_dynamic_shapes(engine, example),))
+    package = compile_package(program, tmp_path / "lookup.aoti.pt2")
+    compiled = torch._inductor.aoti_load_package(str(package))
+    eager = ServingLookup(engine)
+    for batch in (6, 1):
+        program_in, _, want = _batch(values, batch, seed=20 + batch)
+        got = compiled(program_in)
+        for name in FEATURES:
+            # AOTInductor may fuse and reorder the float32 arithmetic: a few ulps
+            np.testing.assert_allclose(got[name].numpy(), want[name], rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(got[name], eager(program_in)[name], rtol=1e-6, atol=1e-7)
+    program_in["user"] = torch.full_like(program_in["user"], VOCAB)
+    with pytest.raises(RuntimeError, match=r"feature 'user': an id is out of range"):
+        compiled(program_in)
