@@ -124,3 +124,16 @@ def test_a_damaged_program_is_named(bundle: Path, tmp_path: Path, capsys) -> Non
         main(["predict", "--bundle", str(damaged), "--format", "onnx"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'onnx'" in capsys.readouterr().err
+
+
+def test_aoti_without_a_compiler_is_one_line_and_writes_nothing(
+    bundle, tmp_path, capsys, monkeypatch
+):
+    from torch._inductor import config
+
+    monkeypatch.setattr(config.cpp, "cxx", (None, "/nonexistent/g++"))
+    out = tmp_path / "aoti"
+    assert main(["export", "--run", str(bundle.parent), "--out", str(out), "--format", "aoti"]) == 2
+    err = _one_line_error(capsys)
+    assert "no working C++ compiler (tried '/nonexistent/g++')" in err and "--format pt2" in err
+    assert not out.exists()

@@ -254,7 +254,6 @@ def test_dlrm_exports_with_the_eager_models_logits(tmp_path: Path, interaction: 
 @pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "g++")) is None, reason="AOTInductor needs a C++ compiler"
 )
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_aot_inductor_package_gives_the_same_activations(engine_and_values, tmp_path) -> None:
     engine, values = engine_and_values
     example, _, _ = _batch(values, 5, seed=1)

@@ -82,6 +82,7 @@ def compile_package(program: ExportedProgram, path: str | os.PathLike) -> Path:
     Needs a C++ compiler; takes minutes on a small CPU."""
     from torch._inductor import aoti_compile_and_package
 
-    with warnings.catch_warnings():  # PyTorch's own, from deep-copying its graph: not ours
+    with warnings.catch_warnings():  # PyTorch's own (its graph copies, its imports): not ours
         warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
+        warnings.filterwarnings("ignore", r"`torch.jit.script_method`", DeprecationWarning)
         return Path(aoti_compile_and_package(program, package_path=os.fspath(path)))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.export import Dim
+from torch.export import Dim, ExportedProgram
 
 from embcore.data.batch import NUM_DENSE, SPARSE_NAMES
+from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.serving import compile_package, export
 
@@ -55,9 +56,25 @@ def write_programs(model: DLRM, out: Path, fmt: str) -> dict[str, float]:
     seconds["save"] = time.perf_counter() - start
     if fmt == "aoti":
         start = time.perf_counter()
-        compile_package(program, out / PROGRAM_FILES["aoti"])
+        _compile(program, out / PROGRAM_FILES["aoti"])
         seconds["aoti"] = time.perf_counter() - start
     return seconds
+
+
+def _compile(program: ExportedProgram, path: Path) -> None:
+    """:func:`embcore.serving.compile_package`; a missing C++ compiler is the user's to fix."""
+    from torch._inductor import config
+    from torch._inductor.exc import InductorError
+
+    try:
+        compile_package(program, path)
+    except InductorError as error:
+        if "InvalidCxxCompiler" not in str(error):
+            raise  # anything else is a bug (in PyTorch or embcore): keep the traceback
+        raise UserError(
+            f"--format aoti: AOTInductor found no working C++ compiler (tried "
+            f"{config.cpp.cxx[-1]!r}); install g++ or set CXX, or export with --format pt2"
+        ) from None
 
 
 def load_program(path: Path, fmt: str) -> Callable[[Tensor, Tensor], Tensor]:
