@@ -3,7 +3,9 @@
 ::
 
     export/
-      tables.safetensors   {feature name: (vocab, dim) float32}: the embedding tables
+      tables.safetensors   {feature name: (vocab, dim) float32}: the embedding tables; a
+                           dynamic table's (R, dim) rows in ascending key order, and its
+                           (R,) int64 keys as "<name>.keys"
       dense.safetensors    the dense weights (bottom MLP, interaction, top MLP)
       config.json          the run's config, the features and tables, how raw rows are
                            preprocessed, and the metrics at export
@@ -56,6 +58,7 @@ _FORMAT = "embcore-serving-bundle"
 _VERSION = 1
 _ENGINE = "engine."
 _TENSOR_FILES = ("tables.safetensors", "dense.safetensors")
+_KEYS = ".keys"  # tables.safetensors: "<table>.keys" holds a dynamic table's keys
 
 
 def export_bundle(
@@ -85,7 +88,11 @@ def export_bundle(
 
 
 def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None, fmt: str) -> None:
-    tables = {name: t.detach().contiguous() for name, t in model.engine.embedding_tables.items()}
+    engine = model.engine
+    tables = {name: t.detach().contiguous() for name, t in engine.embedding_tables.items()}
+    for t in engine.tables:  # a dynamic table: its rows in ascending key order, and the keys
+        if t.dynamic:
+            tables[f"{t.name}{_KEYS}"] = engine.table_keys(t.name).contiguous()
     dense = {
         k: v.detach().contiguous()
         for k, v in model.state_dict().items()
@@ -106,8 +113,13 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None,
         "dense_features": list(DENSE_NAMES),
         "sparse_features": list(model.sparse_names),
         "tables": {
-            t.name: {"vocabulary_size": t.vocabulary_size, "dim": t.dim, "combiner": t.combiner}
-            for t in model.engine.tables
+            t.name: {
+                "vocabulary_size": t.vocabulary_size,  # null: dynamic (keys in tables.safetensors)
+                "dim": t.dim,
+                "combiner": t.combiner,
+                **({"rows": int(tables[t.name].shape[0])} if t.dynamic else {}),
+            }
+            for t in engine.tables
         },
         "preprocessing": {
             "dense": "log(1 + max(x, 0)); missing -> 0",
@@ -167,9 +179,9 @@ class ServingModel:
 
     @property
     def vocab_sizes(self) -> list[int]:
-        """Table sizes in the column order of ``sparse`` (``SPARSE_NAMES``)."""
-        tables = self.manifest["tables"]
-        return [int(tables[name]["vocabulary_size"]) for name in SPARSE_NAMES]
+        """How many ids each column of ``sparse`` (``SPARSE_NAMES``) takes from a data file:
+        the Criteo cardinalities capped at ``data.vocab_cap``, the sizes of fixed tables."""
+        return capped_vocab_sizes(self.config.data.vocab_cap)
 
     @torch.no_grad()
     def __call__(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -209,6 +221,17 @@ def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingMod
         config = Config.from_dict(manifest["config"])
         return ServingModel(load_program(root / needed[0], fmt), config, manifest)
     config = Config.from_dict(manifest["config"])
+    dynamic = [
+        name for name, t in manifest.get("tables", {}).items() if t["vocabulary_size"] is None
+    ]
+    if dynamic:
+        named = ", ".join(dynamic[:3]) + (
+            f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else ""
+        )
+        raise ValueError(
+            f"{root}: dynamic tables ({named}) hold keys and rows: serve this bundle from its "
+            "program, --format pt2 (written by embcore export --format pt2)"
+        )
     tables = load_file(root / "tables.safetensors")
     if sorted(tables) != sorted(SPARSE_NAMES):
         raise ValueError(
