@@ -45,6 +45,9 @@ def test_a_dynamic_bundle_serves_from_its_program(tmp_path: Path, capsys) -> Non
     batches = list(rebatch(SyntheticSource(config.data).eval_set().batches, 150))
     model(batches[0].dense, batches[0].sparse).sum().backward()  # admits the first half's ids
     model.eval()
+    with pytest.raises(ValueError, match=r"are dynamic: .* export with --format pt2"):
+        export_bundle(model, config, tmp_path / "bundle")  # the safetensors form could not serve
+    assert not (tmp_path / "bundle").exists()
     out = export_bundle(model, config, tmp_path / "bundle", fmt="pt2")
 
     tables = load_file(out / "tables.safetensors")

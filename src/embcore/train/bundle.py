@@ -39,6 +39,7 @@ from embcore import _atomic
 from embcore._files import read_regular
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
+from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.train.config import Config
 from embcore.train.model import build_model
@@ -73,11 +74,19 @@ def export_bundle(
     ``model.aoti.pt2``.
 
     Raises:
+        UserError (a ValueError): the model has dynamic tables and ``fmt`` is "safetensors"
+            (their bundle serves from its program only).
         FileExistsError: ``out_dir`` holds other files than a bundle (nothing is deleted).
         DiskFullError (an OSError): the disk filled up; the previous bundle is left as it was.
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_bundle: format must be one of {list(FORMATS)}, got {fmt!r}")
+    dynamic = [t.name for t in model.engine.tables if t.dynamic]
+    if dynamic and fmt == "safetensors":
+        raise UserError(
+            f"the model's tables {dynamic[:3]}{' ...' if len(dynamic) > 3 else ''} are dynamic: "
+            "their bundle serves from its program only; export with --format pt2 (or aoti)"
+        )
     final = Path(out_dir)
     _atomic.check_replaceable(final, "config.json")  # before any work
     _atomic.remove_stale(final)
