@@ -123,12 +123,12 @@ class EngineView:
     def dynamic_state(self, table: str) -> dict[str, np.ndarray]:
         """A dynamic table's state: keys, frequencies, last-seen steps, pending counts, and
         weight and optimizer slots ``(R, ...)`` by ascending key (NumPy arrays, copies)."""
-        state = self._engine.dynamic_state(self._index(table))
+        state = self._engine.store.dynamic_state(self._index(table))
         return {k: _numpy(v) for k, v in state.items()}
 
     def load_dynamic_state(self, table: str, state: dict[str, np.ndarray]) -> None:
         """Replace a dynamic table's state with ``state`` (as :meth:`dynamic_state` gives)."""
-        self._engine.load_dynamic_state(self._index(table), state)
+        self._engine.store.load_dynamic_state(self._index(table), state)
 
     def _index(self, table: str) -> int:
         return next(t.index for t in self._engine.tables if t.name == table)
