@@ -185,10 +185,15 @@ class TableStore(Protocol):
         ...
 
     def lookup(
-        self, features: Sequence[Sequence[FeatureBatch]], out: Sequence[Sequence[Tensor]] | None
+        self,
+        features: Sequence[Sequence[FeatureBatch]],
+        out: Sequence[Sequence[Tensor]] | None,
+        training: bool = False,
     ) -> list[list[Tensor]]:
         """For each table, one ``(S_f, dim) float32`` activation per feature (written into
-        ``out``'s tensors and returned, when given)."""
+        ``out``'s tensors and returned, when given). ``training``: an update of these batches
+        may follow (dynamic tables count, admit and refresh their keys; an evaluation lookup
+        changes nothing)."""
         ...
 
     def update(
@@ -261,5 +266,11 @@ def make_store(config: StoreConfig, **options: Any) -> TableStore:
     """Build the store :func:`choose_store` picks; ``options`` (``plan``, ``process_group``)
     go to every store's constructor."""
     name = choose_store(options.get("plan"), options.get("process_group"))
+    dynamic = [t.name for t in config.tables if t.dynamic]
+    if name == "sharded" and dynamic:
+        raise ValueError(
+            f"EmbeddingEngine: tables {dynamic} are dynamic (vocabulary_size=None), which "
+            "sharded engines do not support yet; use a single-process engine"
+        )
     module, cls = STORES[name].split(":")
     return getattr(importlib.import_module(module), cls)(config, **options)

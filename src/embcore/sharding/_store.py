@@ -161,9 +161,13 @@ class ShardedStore:
 
     # ------------------------------------------------------------------------- the step
     def lookup(
-        self, features: Sequence[Sequence[FeatureBatch]], out: Sequence[Sequence[Tensor]] | None
+        self,
+        features: Sequence[Sequence[FeatureBatch]],
+        out: Sequence[Sequence[Tensor]] | None,
+        training: bool = False,
     ) -> list[list[Tensor]]:
-        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase."""
+        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase
+        (``training`` changes nothing: every table is fixed)."""
         ex = self._comm.exchange()
         ctxs = [s.input_dist(list(b), ex) for s, b in zip(self._sharded, features, strict=True)]
         inbox = self._run(ex)
