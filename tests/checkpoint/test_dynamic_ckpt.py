@@ -6,6 +6,7 @@ with training never interrupted, bit for bit."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 
@@ -38,6 +39,9 @@ def test_save_load_then_train_equals_training_without_interruption(tmp_path, pip
     assert user["rows"]["count"] == saved["user:keys"].numel()
     assert user["pending"]["count"] == saved["user:pending/keys"].numel()
     assert "base" not in manifest
+    (table,) = [t for t in manifest["tables"] if t["name"] == "user"]
+    assert table["vocabulary_size"] is None and table["admission"] == {"min_count": 2}
+    assert table["eviction"] == {"steps_to_live": 3, "max_rows": 20}
 
 
 def test_a_lookup_only_engine_loads_the_rows_without_their_slots(tmp_path):
@@ -197,6 +201,40 @@ def test_verify_and_load_refuse_a_delta_whose_base_is_corrupt_missing_or_replace
     with pytest.raises(CheckpointError, match=r"delta-6 is not the base .*delta-9 was saved"):
         ec.checkpoint.load(fresh, tmp_path / "delta-9")
     assert_same(snapshot(fresh), before)
+
+
+def edit_manifest(path, change) -> None:
+    manifest_path = os.path.join(path, "embcore_manifest.json")
+    with open(manifest_path) as f:
+        document = json.load(f)
+    change(document)
+    with open(manifest_path, "w") as f:
+        json.dump(document, f)
+
+
+def test_a_crafted_delta_is_refused_before_anything_is_read_or_changed(tmp_path):
+    chain_of_deltas(tmp_path, steps=6)
+    os.symlink(tmp_path / "delta-3", tmp_path / "link")
+    fresh = make_engine()
+    before = snapshot(fresh)
+    pristine = (tmp_path / "delta-6" / "embcore_manifest.json").read_bytes()
+    cases = [
+        (lambda m: m["base"].update(name="../x/delta-3"), r"names its base '\.\./x/delta-3'"),
+        (lambda m: m["base"].update(name="link"), r"link, the base of .*delta-6, is a symbolic"),
+        (lambda m: m["base"].update(manifest_sha256="0" * 64), r"delta-3 is not the base"),
+        (
+            lambda m: m["dynamic"]["user"]["groups"]["rows"].update(count=1),
+            r"delta-6: table 'user': replaying its chain gave \d+ rows records",
+        ),
+        (lambda m: m["base"].update(name=None), r"delta-6: the manifest is malformed"),
+    ]
+    for change, message in cases:
+        (tmp_path / "delta-6" / "embcore_manifest.json").write_bytes(pristine)
+        edit_manifest(tmp_path / "delta-6", change)
+        for check in (ec.checkpoint.verify, lambda p: ec.checkpoint.load(fresh, p)):
+            with pytest.raises(CheckpointError, match=message):
+                check(tmp_path / "delta-6")
+        assert_same(snapshot(fresh), before)
 
 
 def test_save_refuses_a_base_that_does_not_fit_and_writes_nothing(tmp_path):

@@ -12,7 +12,6 @@ changes. See docs/dynamic_tables.md.
 from __future__ import annotations
 
 import hashlib
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,15 @@ from embcore.checkpoint._dynamic import Known
 from embcore.checkpoint._engine_view import EngineView
 from embcore.checkpoint._errors import CheckpointError
 
-__all__ = ["SavePlan", "load_states", "plan_save", "remember"]
+__all__ = [
+    "SavePlan",
+    "fit_problems",
+    "load_states",
+    "plan_save",
+    "read",
+    "remember",
+    "verify_chain",
+]
 
 #: per engine, the keys and digests of the checkpoints it last saved or loaded, by the sha256
 #: of their manifests (at most two: the last full checkpoint and the last delta, typically)
@@ -37,8 +44,12 @@ _REMEMBERED = 2
 
 
 def remember(engine: Any, path: str, known: Known) -> None:
-    """Keep ``known`` as the state of the checkpoint at ``path`` (just saved or loaded)."""
-    sha = hashlib.sha256(_manifest.read(path)[1]).hexdigest()
+    """Keep ``known`` as the state of the checkpoint at ``path`` (just saved or loaded);
+    if its manifest cannot be read back, nothing is kept (a later delta reads the disk)."""
+    try:
+        sha = hashlib.sha256(_manifest.read(path)[1]).hexdigest()
+    except (OSError, CheckpointError):
+        return
     entries = _KNOWN.setdefault(engine, {})
     entries.pop(sha, None)
     entries[sha] = known
@@ -170,7 +181,3 @@ def verify_chain(chain: list[Link]) -> None:
     against the set digests the manifests record."""
     for table in chain[-1].manifest.get("dynamic") or {}:
         _dynamic.restore(table, chain, read)
-
-
-def describe_chain(chain: list[Link]) -> str:
-    return " -> ".join(os.path.basename(link.path) for link in chain)

@@ -35,7 +35,7 @@ from embcore.checkpoint._records import (
     sorted_records,
 )
 
-__all__ = ["Known", "restore", "save_tensors", "state_of", "to_state"]
+__all__ = ["GROUPS", "Known", "restore", "save_tensors", "split", "state_of", "to_state"]
 
 #: group -> the prefix of its arrays in a table's state
 GROUPS = {"rows": "", "pending": "pending/"}
@@ -182,7 +182,8 @@ def _replay_group(table: str, group: str, chain: list[Any], read: Reader, column
                 f"{group} records with digest {set_digest(records.digests)}, the manifest "
                 f"records {entry['count']} with digest {entry['digest']}"
             )
-    assert records is not None
+    if records is None:
+        raise CheckpointError(f"table '{table}': an empty chain of checkpoints")
     if columns:
         found = set_digest(digests(records.keys, list(records.columns.values())))
         if found != set_digest(records.digests):
@@ -234,11 +235,3 @@ def to_state(groups: dict[str, Records], extras: dict[str, np.ndarray]) -> dict[
 def state_of(groups: dict[str, Records]) -> dict[str, Records]:
     """Keys and digests only (what a later delta is computed against)."""
     return {g: Records(r.keys, r.digests) for g, r in groups.items()}
-
-
-def stored_keys(manifest: dict[str, Any]) -> set[str]:
-    """The tensor keys of the dynamic tables in a manifest (not filled by the fixed path)."""
-    out = set()
-    for table in manifest.get("dynamic") or {}:
-        out |= {k for k in manifest["tensors"] if k.startswith(f"{table}.")}
-    return out

@@ -20,6 +20,7 @@ docs/architecture.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,6 +195,11 @@ class EngineView:
                     "features": [features[i].name for i in t.features],
                 }
             )
+            if _is_dynamic(t):  # recorded, not enforced (as hyperparameters)
+                tables[-1] |= {
+                    k: None if v is None else dataclasses.asdict(v)
+                    for k, v in (("admission", t.config.admission), ("eviction", t.config.eviction))
+                }
         plan = engine.plan
         return {
             "engine": {"class": engine.store.engine_name, "seed": engine.seed},

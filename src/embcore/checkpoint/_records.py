@@ -20,7 +20,7 @@ from numba import njit
 
 from embcore.dynamic._kernels import mix64
 
-__all__ = ["Records", "apply", "changed", "digests", "set_digest"]
+__all__ = ["Records", "apply", "changed", "digests", "set_digest", "sorted_records"]
 
 _SEED_A = np.uint64(0x6A09E667F3BCC908)
 _SEED_B = np.uint64(0xBB67AE8584CAA73B)
@@ -76,17 +76,6 @@ def set_digest(record_digests: np.ndarray) -> str:
         lanes = record_digests.astype(np.uint64).sum(axis=0, dtype=np.uint64)
     lanes = np.zeros(2, np.uint64) if record_digests.size == 0 else lanes
     return b"".join(int(v).to_bytes(8, "little") for v in lanes).hex()
-
-
-def add_digests(first: str, second: str) -> str:
-    """The digest of the union of two disjoint sets, from theirs."""
-    a, b = bytes.fromhex(first), bytes.fromhex(second)
-    out = [
-        (int.from_bytes(a[i : i + 8], "little") + int.from_bytes(b[i : i + 8], "little"))
-        % (1 << 64)
-        for i in (0, 8)
-    ]
-    return b"".join(v.to_bytes(8, "little") for v in out).hex()
 
 
 @dataclass

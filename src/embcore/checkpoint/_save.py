@@ -132,13 +132,12 @@ def save(
     view.flush()
     comm = view.comm
     error: BaseException | None = None
-    plan = None
+    plan = _delta.SavePlan({}, {}, {})
     try:
         plan = _delta.plan_save(view, path, base)
     except (OSError, ValueError) as e:
         error = e
     comm.agree("embcore.checkpoint.save", error)
-    assert plan is not None
     tmp, tmp_path = _start(comm, path)
     try:
         _write(view, comm, path, tmp_path, plan)
