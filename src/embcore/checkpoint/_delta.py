@@ -122,12 +122,6 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
     """Everything a save of ``view`` to ``path`` (a delta when ``base`` is given) computes
     before writing: nothing is created, so an error here leaves no trace."""
     what = "embcore.checkpoint.save"
-    if view.world_size > 1 and view.dynamic_tables():
-        raise NotImplementedError(
-            f"{what}: dynamic tables {view.dynamic_tables()} of an engine over "
-            f"{view.world_size} ranks: checkpoints of sharded dynamic tables are not supported "
-            "yet (a checkpoint written by one process loads into any number of ranks)"
-        )
     sections: dict[str, Any] = {}
     base_known: Known | None = None
     base_section = None
