@@ -227,6 +227,7 @@ def test_a_crafted_delta_is_refused_before_anything_is_read_or_changed(tmp_path)
             r"delta-6: table 'user': replaying its chain gave \d+ rows records",
         ),
         (lambda m: m["base"].update(name=None), r"delta-6: the manifest is malformed"),
+        (lambda m: m["dynamic"].update(user=3), r"delta-6: table 'user': the manifest's \"dy"),
     ]
     for change, message in cases:
         (tmp_path / "delta-6" / "embcore_manifest.json").write_bytes(pristine)

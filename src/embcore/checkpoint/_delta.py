@@ -127,16 +127,14 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
     base_section = None
     if base is not None:
         link, sections["base"] = link_to(path, base)
-        problems = compatible(view.describe(), link)
+        try:
+            problems = compatible(view.describe(), link) + fit_problems(view, link.manifest)
+        except (KeyError, TypeError, AttributeError) as error:
+            raise CheckpointError(f"{what}: base {base}: its manifest is malformed") from error
         if problems:
             raise CheckpointError(
                 f"{what}: base {base} was saved by an engine that does not fit this one: "
                 + "; ".join(problems)
-            )
-        problems = fit_problems(view, link.manifest)
-        if problems:
-            raise CheckpointError(
-                f"{what}: base {base} does not fit this engine: {'; '.join(problems)}"
             )
         base_section = link.manifest.get("dynamic") or {}
         base_known = _KNOWN.get(view.engine, {}).get(link.sha256)

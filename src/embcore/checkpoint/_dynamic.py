@@ -202,8 +202,21 @@ def restore(
     base).
 
     Raises:
-        CheckpointError: the chain does not replay to the saved state (named per table).
+        CheckpointError: the chain does not replay to the saved state, or a manifest's
+            ``"dynamic"`` section is malformed (named per table).
     """
+    try:
+        return _restore(table, chain, read, columns)
+    except (KeyError, TypeError, AttributeError, IndexError) as error:
+        raise CheckpointError(
+            f"{chain[-1].path}: table '{table}': the manifest's \"dynamic\" section (or a "
+            f"base's) is malformed ({error!r})"
+        ) from error
+
+
+def _restore(
+    table: str, chain: list[Any], read: Reader, columns: bool
+) -> tuple[dict[str, Records], dict[str, np.ndarray]]:
     last = chain[-1].manifest["dynamic"][table]
     groups = {g: _replay_group(table, g, chain, read, columns) for g in last["groups"]}
     extras: dict[str, np.ndarray] = {}
