@@ -19,12 +19,14 @@ import numpy as np
 from numba import njit
 
 from embcore.dynamic._kernels import mix64
+from embcore.ops.cpu import threads
 
 __all__ = ["Records", "apply", "changed", "digests", "set_digest", "sorted_records"]
 
 _SEED_A = np.uint64(0x6A09E667F3BCC908)
 _SEED_B = np.uint64(0xBB67AE8584CAA73B)
 _K = np.uint64(0x9FB21C651E98DF25)
+_CHUNK = 1024  # records a thread takes at a time
 
 
 @njit(cache=True)
@@ -35,17 +37,20 @@ def _start(keys, a, b):  # type: ignore[no-untyped-def]
         b[i] = mix64((_SEED_B + k) * _K)
 
 
-@njit(cache=True)
-def _fold(words, a, b):  # type: ignore[no-untyped-def]
-    """Fold ``words: (K, W) uint32`` into the two lanes of each record. Each lane is an
-    iterated bijection, so records differing in exactly one word always differ."""
-    for i in range(words.shape[0]):
-        x, y = a[i], b[i]
-        for j in range(words.shape[1]):
-            w = np.uint64(words[i, j])
-            x = mix64(x ^ w)
-            y = mix64((y + w) * _K)
-        a[i], b[i] = x, y
+@njit(cache=True, nogil=True)
+def _fold(words, a, b, worker, workers):  # type: ignore[no-untyped-def]
+    """Fold ``words: (K, W) uint32`` into the two lanes of each record (chunks
+    ``worker::workers`` of the records). Each lane is an iterated bijection, so records
+    differing in exactly one word always differ."""
+    n = words.shape[0]
+    for start in range(worker * _CHUNK, n, workers * _CHUNK):
+        for i in range(start, min(start + _CHUNK, n)):
+            x, y = a[i], b[i]
+            for j in range(words.shape[1]):
+                w = np.uint64(words[i, j])
+                x = mix64(x ^ w)
+                y = mix64((y + w) * _K)
+            a[i], b[i] = x, y
 
 
 def _words(column: np.ndarray) -> np.ndarray:
@@ -63,9 +68,10 @@ def digests(keys: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
     a = np.empty(keys.size, np.uint64)
     b = np.empty(keys.size, np.uint64)
     _start(np.ascontiguousarray(keys), a, b)
+    workers = threads.num_workers(keys.size)
     for column in columns:
         if column.size:
-            _fold(_words(column), a, b)
+            threads.run(_fold, _words(column), a, b, workers=workers)
     return np.stack([a, b], axis=1)
 
 
