@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from embcore.checkpoint import _dynamic
 from embcore.checkpoint._errors import CheckpointError
@@ -152,3 +153,25 @@ def test_a_delta_of_an_unchanged_table_stores_nothing():
     assert (rows["count"], rows["stored"], rows["deleted"]) == (100, 0, 0)
     assert chain[1].stored["t.weight"].shape == (0, 3)
     assert not chain[1].manifest["dynamic"]["t"]["extras"]["step"]["stored"]
+
+
+def test_digests_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(2)
+    keys = rng.integers(-(2**63), 2**63 - 1, 10_000, dtype=np.int64)
+    rows = rng.standard_normal((10_000, 5)).astype(np.float32)
+    threads = torch.get_num_threads()
+    try:
+        got = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            got.append(digests(keys, [rows, keys]))
+    finally:
+        torch.set_num_threads(threads)
+    assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], got[2])
+    one = np.stack(
+        [
+            digests(keys[i : i + 1], [rows[i : i + 1], keys[i : i + 1]])[0]
+            for i in range(0, 10_000, 997)
+        ]
+    )
+    assert np.array_equal(one, got[0][::997])
