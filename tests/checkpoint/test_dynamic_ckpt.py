@@ -268,6 +268,21 @@ def test_save_refuses_a_base_that_does_not_fit_and_writes_nothing(tmp_path):
     assert_same(snapshot(engine), before)
 
 
+def test_an_engine_without_dynamic_tables_writes_full_checkpoints_even_with_a_base(tmp_path):
+    table = ec.TableConfig(vocabulary_size=5, dim=2, name="f")
+    engine = ec.EmbeddingEngine({"x": ec.FeatureConfig(table=table)}, ec.Adagrad(0.1))
+    engine({"x": torch.tensor([1, 3])})["x"].sum().backward()
+    ec.checkpoint.save(engine, tmp_path / "a")
+    engine({"x": torch.tensor([2])})["x"].sum().backward()
+    ec.checkpoint.save(engine, tmp_path / "b", base=tmp_path / "a")
+    assert "base" not in ec.checkpoint.read_manifest(tmp_path / "b")
+    shutil.rmtree(tmp_path / "a")
+    fresh = ec.EmbeddingEngine({"x": ec.FeatureConfig(table=table)}, ec.Adagrad(0.1))
+    ec.checkpoint.load(fresh, tmp_path / "b")
+    for key, value in engine.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
 def test_load_refuses_a_table_dynamic_on_one_side_only(tmp_path):
     engine = make_engine()
     train_step(engine, 0)

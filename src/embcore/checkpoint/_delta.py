@@ -143,6 +143,8 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
             base_known = {
                 t: _dynamic.restore(t, chain, _read_checked, columns=False)[0] for t in base_section
             }
+    if not view.dynamic_tables():  # all written whole: the checkpoint needs no base to load
+        sections.pop("base", None)
     states = {name: view.dynamic_state(name) for name in view.dynamic_tables()}
     tensors, section, known = _dynamic.save_tensors(states, base_known, base_section)
     if section:
