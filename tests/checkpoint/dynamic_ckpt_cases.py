@@ -27,9 +27,13 @@ POOL = torch.tensor(
 
 
 def make_engine(
-    pipeline: bool = False, dim: int = 4, lookup_only: bool = False
+    pipeline: bool = False,
+    dim: int = 4,
+    lookup_only: bool = False,
+    item_optimizer: ec.Optimizer | None = None,
 ) -> ec.EmbeddingEngine:
-    """``lookup_only``: no optimizer anywhere (a serving engine)."""
+    """``lookup_only``: no optimizer anywhere (a serving engine); ``item_optimizer``: the
+    dynamic table ``item``'s, instead of Adam."""
     user = ec.TableConfig(
         vocabulary_size=None,
         dim=dim,
@@ -42,7 +46,7 @@ def make_engine(
         dim=3,
         name="item",
         combiner="sum",
-        optimizer=None if lookup_only else ec.Adam(learning_rate=0.05),
+        optimizer=None if lookup_only else item_optimizer or ec.Adam(learning_rate=0.05),
         eviction=ec.Eviction(steps_to_live=4),
     )
     fixed = ec.TableConfig(vocabulary_size=7, dim=2, name="fixed")

@@ -59,6 +59,31 @@ def test_a_lookup_only_engine_loads_the_rows_without_their_slots(tmp_path):
         assert torch.equal(serving.table_rows(table, keys), engine.table_rows(table, keys))
 
 
+def test_another_optimizer_is_refused_unless_allowed_then_slots_start_fresh(tmp_path):
+    engine = make_engine()
+    for step in range(5):
+        train_step(engine, step)
+    ec.checkpoint.save(engine, tmp_path / "c")
+    want = snapshot(engine)
+    other = make_engine(
+        item_optimizer=ec.Adagrad(learning_rate=0.1, initial_accumulator_value=0.25)
+    )
+    before = snapshot(other)
+    with pytest.raises(
+        CheckpointError,
+        match=r"table 'item': optimizer Adam in the checkpoint, Adagrad in the engine \(pass "
+        r"allow_optimizer_change=True",
+    ):
+        ec.checkpoint.load(other, tmp_path / "c")
+    assert_same(snapshot(other), before)
+    ec.checkpoint.load(other, tmp_path / "c", allow_optimizer_change=True)
+    got = snapshot(other)
+    n = want["item:keys"].numel()
+    fresh = {"item:accumulators": torch.full((n, 3), 0.25)}
+    kept = {k: v for k, v in want.items() if k not in ("item:momenta", "item:velocities")}
+    assert_same(got, kept | fresh)
+
+
 def chain_of_deltas(tmp_path, steps: int = 12, every: int = 3):
     """Train ``steps`` steps; after every ``every``: a full save ``full-N`` and a delta
     ``delta-N`` on the previous delta (the first is full). Returns the snapshots by step."""

@@ -85,10 +85,24 @@ class SavePlan:
     known: Known
 
 
-def fit_problems(view: EngineView, manifest: dict[str, Any]) -> list[str]:
+def _optimizers(view: EngineView, manifest: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dynamic table: (the checkpoint's optimizer type, the engine's)}`` where they differ
+    and the engine has one (a lookup-only engine loads any optimizer's rows)."""
+    mine = {t["name"]: (t["optimizer"] or {}).get("type") for t in view.describe()["tables"]}
+    written = {t["name"]: (t.get("optimizer") or {}).get("type") for t in manifest["tables"]}
+    return {
+        name: (written[name], mine[name])
+        for name in view.dynamic_tables()
+        if name in written and mine[name] is not None and written[name] != mine[name]
+    }
+
+
+def fit_problems(
+    view: EngineView, manifest: dict[str, Any], allow_optimizer_change: bool = False
+) -> list[str]:
     """Why a checkpoint's dynamic tables do not fit this engine's (empty: they do): each
-    dynamic table of the engine must be dynamic there with the same dim and optimizer type,
-    and no table fixed here may be dynamic there."""
+    dynamic table of the engine must be dynamic there with the same dim and optimizer type
+    (unless ``allow_optimizer_change``), and no table fixed here may be dynamic there."""
     mine = {t["name"]: t for t in view.describe()["tables"]}
     theirs = set(manifest.get("dynamic") or {})
     written = {t["name"]: t for t in manifest["tables"]}
@@ -98,18 +112,18 @@ def fit_problems(view: EngineView, manifest: dict[str, Any]) -> list[str]:
             problems.append(f"table '{name}' is not in the checkpoint (it has {sorted(written)})")
         elif name not in theirs:
             problems.append(f"table '{name}' is dynamic in the engine, fixed in the checkpoint")
-        else:
-            theirs_opt = (written[name].get("optimizer") or {}).get("type")
-            mine_opt = (mine[name]["optimizer"] or {}).get("type")
-            for field, a, b in (
-                ("dim", written[name].get("dim"), mine[name]["dim"]),
-                # a lookup-only engine loads any optimizer's rows (the slots are left out)
-                ("optimizer", theirs_opt, theirs_opt if mine_opt is None else mine_opt),
-            ):
-                if a != b:
-                    problems.append(
-                        f"table '{name}': {field} {a} in the checkpoint, {b} in the engine"
-                    )
+        elif written[name].get("dim") != mine[name]["dim"]:
+            problems.append(
+                f"table '{name}': dim {written[name].get('dim')} in the checkpoint, "
+                f"{mine[name]['dim']} in the engine"
+            )
+    if not allow_optimizer_change:
+        problems += [
+            f"table '{name}': optimizer {a} in the checkpoint, {b} in the engine (pass "
+            "allow_optimizer_change=True to load its rows with fresh optimizer slots)"
+            for name, (a, b) in _optimizers(view, manifest).items()
+            if name in theirs
+        ]
     problems += [
         f"table '{t}' is dynamic in the checkpoint, fixed in the engine"
         for t in sorted(theirs)
@@ -156,17 +170,22 @@ def load_states(
     view: EngineView, chain: list[Link]
 ) -> tuple[dict[str, dict[str, np.ndarray]], Known]:
     """Each dynamic table's state as the last checkpoint of ``chain`` holds it (chunks
-    already verified), and its keys and digests; the engine is not changed."""
+    already verified), and its keys and digests; the engine is not changed. A table whose
+    optimizer differs from the checkpoint's (allowed by the caller) gets fresh slots; a
+    lookup-only table gets none."""
     states, known = {}, {}
     lookup_only = {t["name"] for t in view.describe()["tables"] if t["optimizer"] is None}
+    changed = _optimizers(view, chain[-1].manifest)
     for table in view.dynamic_tables():
         groups, extras = _dynamic.restore(table, chain, read)
         states[table] = _dynamic.to_state(groups, extras)
         known[table] = _dynamic.state_of(groups)
-        if table in lookup_only:  # no optimizer: the rows without their slots
+        if table in lookup_only or table in changed:  # the rows without their slots
             rows = groups["rows"].columns
             for name in set(rows) - {"weight", "freq", "last_seen"}:
                 del states[table][name]
+        if table in changed:
+            states[table] |= view.initial_slots(table, len(groups["rows"]))
     return states, known
 
 

@@ -131,6 +131,19 @@ class EngineView:
         """Replace a dynamic table's state with ``state`` (as :meth:`dynamic_state` gives)."""
         self._engine.store.load_dynamic_state(self._index(table), state)
 
+    def initial_slots(self, table: str, rows: int) -> dict[str, np.ndarray]:
+        """A dynamic table's optimizer slots for ``rows`` new rows: ``{slot: (rows, ...)
+        float32}`` at the optimizer's initial values (as a newly admitted key gets)."""
+        index = self._index(table)
+        opt = self._engine.tables[index].optimizer
+        specs = opt.slot_specs() if opt is not None else ()
+        return {
+            s.name: np.full(
+                (rows, *self._engine.store.shape(index, s.name)[1:]), s.initial_value, np.float32
+            )
+            for s in specs
+        }
+
     def _index(self, table: str) -> int:
         return next(t.index for t in self._engine.tables if t.name == table)
 

@@ -210,8 +210,10 @@ def load(
         path: the checkpoint directory.
         allow_optimizer_change: load a checkpoint written with another optimizer type for a
             table: that table's weights (and the step) are restored, its slots are left as the
-            engine has them (freshly initialised, for a new engine). Without it such a load
-            is refused, since one optimizer's slots are meaningless to another.
+            engine has them (freshly initialised, for a new engine); a dynamic table's
+            loaded rows get the optimizer's initial slot values, as newly admitted keys do.
+            Without it such a load is refused, since one optimizer's slots are meaningless to
+            another.
 
     Raises:
         FileNotFoundError: nothing at ``path`` (an interrupted save leaves ``path.tmp-*``).
@@ -236,7 +238,9 @@ def load(
         if allow_optimizer_change:
             tensors = [t for t in tensors if not (t.is_slot and t.table in changed)]
             changed = {}
-        problems = _fit_problems(tensors, manifest, changed) + _delta.fit_problems(view, manifest)
+        problems = _fit_problems(tensors, manifest, changed) + _delta.fit_problems(
+            view, manifest, allow_optimizer_change
+        )
         if problems:
             raise CheckpointError(f"{what}: {path} does not fit this engine: {'; '.join(problems)}")
     except (OSError, ValueError, KeyError, TypeError) as e:
