@@ -88,9 +88,13 @@ def _sha(value: np.ndarray) -> str:
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` for DCP, sharing its memory where it can (the state is the save's own copy);
+    digests (uint64) as int64."""
     if array.dtype == np.uint64:
         array = array.view(np.int64)
-    return torch.from_numpy(np.array(array, order="C"))  # a copy (0-d stays 0-d)
+    if array.ndim == 0 or not array.flags.writeable or not array.flags.c_contiguous:
+        array = np.array(array, order="C")  # a copy (0-d stays 0-d)
+    return torch.from_numpy(array)
 
 
 def save_tensors(
