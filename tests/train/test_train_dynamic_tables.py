@@ -77,3 +77,23 @@ def test_a_resumed_dynamic_run_ends_exactly_like_an_uninterrupted_one(
     b, _ = load_checkpoint(whole.checkpoint)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(k.endswith("C3.keys") for k in a)  # the dynamic tables' keys are in it
+
+
+def test_a_dynamic_run_exports_and_serves_its_scores(tiny: Config, capsys) -> None:
+    from embcore.cli.main import main
+    from embcore.train.loop import evaluate
+
+    cfg = tiny.with_overrides(DYNAMIC)
+    result = train(cfg, echo=_quiet)
+    run = cfg.train.out_dir
+    # the safetensors-only form cannot hold dynamic tables: a message, nothing written
+    assert main(["export", "--run", run]) == 2
+    err = capsys.readouterr().err
+    assert "dynamic" in err and "pt2" in err and "Traceback" not in err
+    assert main(["export", "--run", run, "--format", "pt2"]) == 0
+    scores = Path(run) / "scores.npy"
+    args = ["predict", "--bundle", f"{run}/export", "--format", "pt2", "--output", str(scores)]
+    assert main(args) == 0
+    assert f"AUC {result.final['auc']:.4f}" in capsys.readouterr().out
+    eval_set = build_source(cfg.data).eval_set()
+    np.testing.assert_allclose(np.load(scores), evaluate(result.model, eval_set), atol=1e-5)

@@ -101,20 +101,3 @@ def test_a_raw_id_run_with_fixed_tables_learns_and_serves(tiny: Config, capsys) 
     assert f"AUC {result.final['auc']:.4f}" in capsys.readouterr().out
     eval_set = build_source(cfg.data).eval_set()
     np.testing.assert_allclose(np.load(scores), evaluate(result.model, eval_set), atol=1e-6)
-
-
-def test_export_of_a_dynamic_table_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
-    from embcore.cli.main import main
-    from embcore.train.run_state import save_checkpoint
-
-    config = Config().with_overrides(['model.tables="dynamic"'])
-    ckpt = save_checkpoint(
-        tmp_path / "step_00000001.safetensors",
-        {"model/x": torch.zeros(1)},
-        {"config": config.to_dict(), "step": 1},
-    )
-    assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert "dynamic tables" in err and "cannot be exported yet" in err and str(ckpt) in err
-    assert "Traceback" not in err
-    assert not (tmp_path / "out").exists()

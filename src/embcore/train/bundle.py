@@ -155,12 +155,6 @@ def checkpoint_model(checkpoint: str | os.PathLike) -> tuple[DLRM, Config, dict[
     checkpoint and final metrics."""
     tensors, meta = load_checkpoint(checkpoint)
     config = Config.from_dict(meta["config"])
-    if config.model.tables == "dynamic":
-        raise UserError(
-            f'{os.fspath(checkpoint)}: a run with dynamic tables (model.tables = "dynamic") '
-            "cannot be exported yet: a serving bundle holds fixed-size tables; score it with "
-            "the trained model in Python, or train with fixed tables to export"
-        )
     vocab = capped_vocab_sizes(config.data.vocab_cap)
     model = build_model(
         config.model, vocab, optimizer=None, seed=config.train.seed, raw_ids=config.data.raw_ids
