@@ -4,7 +4,9 @@ same bits (one of them a configuration already checked elsewhere)."""
 
 from __future__ import annotations
 
+import gc
 import io
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -239,3 +241,17 @@ def test_a_table_without_optimizer_serves_a_loaded_state() -> None:
     for f in want:
         assert torch.equal(got[f], want[f]), f
     assert torch.equal(serving.table_keys("shared"), trained.table_keys("shared"))
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_dynamic_engine_is_freed_when_its_last_reference_goes(pipeline: bool) -> None:
+    emb = dynamic_engine(pipeline=pipeline)
+    run((emb, dynamic_engine()), 3, (tpu_step, backward_step))
+    emb.flush()
+    ref = weakref.ref(emb)
+    gc.disable()  # freed by reference counting alone, not by a collector pass
+    try:
+        del emb
+        assert ref() is None
+    finally:
+        gc.enable()
