@@ -299,3 +299,30 @@ def test_failing_initializer_never_leaves_an_evicted_keys_values() -> None:
     with pytest.raises(ValueError, match=r"table 't': initializer returned shape \(2, 2\)"):
         emb({"f": torch.tensor([3])})  # takes key 1's freed row
     assert emb.table_rows("t", [3]).tolist() == [[0.0, 0.0]]
+
+
+def test_memory_failure_in_one_table_changes_no_table(monkeypatch) -> None:
+    from embcore.dynamic import index
+
+    small = ec.TableConfig(None, 2, name="small")
+    big = ec.TableConfig(None, 2, name="big")
+    emb = ec.EmbeddingEngine(
+        {"a": ec.FeatureConfig(small), "z": ec.FeatureConfig(big)}, ec.SGD(0.1)
+    )
+    real = index._empty
+
+    def limited(shape, dtype):
+        if shape > 1000:
+            raise MemoryError("no memory")
+        return real(shape, dtype)
+
+    monkeypatch.setattr(index, "_empty", limited)
+    assert emb.table_names == ["small", "big"]  # the small table is mapped first
+    batch = {"a": torch.arange(5), "z": torch.arange(2000)}
+    with pytest.raises(MemoryError, match=r"table 'big'.*slots.*unchanged"):
+        emb(batch)
+    assert emb.table_keys("small").tolist() == [] and emb.table_keys("big").tolist() == []
+    monkeypatch.undo()
+    emb(batch)
+    assert emb.table_keys("small").tolist() == list(range(5))
+    assert emb.table_keys("big").numel() == 2000

@@ -153,6 +153,19 @@ class KeySpace:
         self._last[rows[held]] = self.step
         return Admitted(rows[inverse], new_keys, new_rows)
 
+    def reserve(self, new_keys: int) -> None:
+        """Allocate now the index slots and row metadata that ``new_keys`` new keys may need
+        (not the pending counts', which :meth:`train` reserves for the keys it leaves
+        pending), so that a store can make room in several tables before changing any.
+
+        Raises:
+            IndexMemoryError: the memory cannot be had; nothing was changed.
+        """
+        self._index.reserve(new_keys)
+        top = self._index.num_rows + max(0, new_keys - self._index.num_free)
+        meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
+        self._key, self._freq, self._last, self._live = meta
+
     # ---------------------------------------------------------------- step boundaries
 
     def end_step(self) -> Evicted:

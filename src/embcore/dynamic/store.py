@@ -86,9 +86,7 @@ class DynamicRows:
         if not training:
             rows = self.space.lookup(flat)
         else:
-            # room for every key being new, before any change of state (freed rows first)
-            space = self.space
-            self._reserve(space.num_rows + max(0, flat.size - space.num_free))
+            self.reserve(flat.size)  # a no-op when the store reserved already
             admitted = self.space.train(flat)
             rows = admitted.rows
             self._initialise(admitted.new_keys, admitted.new_rows)
@@ -99,6 +97,17 @@ class DynamicRows:
                 while len(self._trained) > _REMEMBERED:
                     self._trained.popitem(last=False)
         return out
+
+    def reserve(self, occurrences: int) -> None:
+        """Make room for a training lookup of ``occurrences`` keys, each possibly new: rows
+        and slots (freed rows first), index slots and row metadata. Changes no state.
+
+        Raises:
+            IndexMemoryError: naming the table and the sizes.
+        """
+        space = self.space
+        self._reserve(space.num_rows + max(0, occurrences - space.num_free))
+        space.reserve(occurrences)
 
     def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
         """The batches as their training lookup mapped them. Rows whose key no longer holds
