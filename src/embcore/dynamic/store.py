@@ -34,8 +34,9 @@ __all__ = ["SINK", "DynamicRows"]
 
 #: the buffer row that keys without a row read (zeros) and whose gradient is dropped
 SINK = 0
-#: training lookups whose row numbers are remembered until their update
-_REMEMBERED = 8
+#: training lookups whose row numbers are remembered until their update (one batch of each
+#: feature of the table per lookup)
+_REMEMBERED = 4
 _MIN_CAPACITY = 16
 
 
@@ -94,7 +95,7 @@ class DynamicRows:
         if training:
             for b, m in zip(batches, out, strict=True):
                 self._trained[id(b)] = (b, m, self.space.step)
-                while len(self._trained) > _REMEMBERED:
+                while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
                     self._trained.popitem(last=False)
         return out
 
