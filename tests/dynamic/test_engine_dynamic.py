@@ -195,6 +195,15 @@ def test_bad_ids_raise_naming_the_feature() -> None:
         emb({"f": torch.tensor([1.0, 2.0])})
     with pytest.raises(TypeError, match=r"feature 'f'.*bool"):
         emb({"f": torch.tensor([True])})
+    with pytest.raises(TypeError, match=r"feature 'f'.*float64"):
+        emb({"f": np.array([3.0])})
+    floats = torch.sparse_coo_tensor(
+        torch.tensor([[0], [0]]), torch.tensor([2.5]), (1, 2), check_invariants=True
+    )
+    with pytest.raises(TypeError, match=r"feature 'f'.*float"):
+        emb({"f": floats})
+    with pytest.raises(TypeError, match=r"feature 'f'.*float"):
+        emb({"f": ec.RaggedIds(torch.tensor([1.5]), torch.tensor([0, 1]))})
     assert keys(emb) == []
     with pytest.raises(TypeError, match="table 't'"):
         emb.table_rows("t", torch.tensor([0.5]))
