@@ -255,3 +255,27 @@ def test_a_dynamic_engine_is_freed_when_its_last_reference_goes(pipeline: bool) 
         assert [r() for r in refs] == [None, None]
     finally:
         gc.enable()
+
+
+def test_pipelined_updates_use_their_own_lookups_rows_with_a_reused_prepared_batch() -> None:
+    """Pipelined, step N+1's lookup runs before step N's update; with the same prepared
+    batch in both, step N's update still drops the gradient of a key that was pending in
+    step N and admitted in step N+1."""
+
+    def make() -> ec.EmbeddingEngine:
+        table = ec.TableConfig(
+            None, DIM, name="t", combiner="sum", admission=ec.CountAdmission(min_count=2)
+        )
+        return ec.EmbeddingEngine(ec.FeatureConfig(table), ec.SGD(1.0), pipeline=True)
+
+    reused, fresh = make(), make()
+    ids = torch.tensor([1, 2, 2, 3])
+    prepared = reused.prepare(ids)
+    for _ in range(3):
+        reused(prepared).sum().backward()
+        fresh(fresh.prepare(ids)).sum().backward()
+    reused.flush()
+    fresh.flush()
+    assert_same(reused, fresh)
+    # 1 and 3 were pending in step 0: their first gradient was dropped, as 2's never was
+    assert fresh.table_info("t")["dropped_gradients"] == 2
