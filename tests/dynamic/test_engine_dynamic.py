@@ -335,3 +335,17 @@ def test_memory_failure_in_one_table_changes_no_table(monkeypatch) -> None:
     emb(batch)
     assert emb.table_keys("small").tolist() == list(range(5))
     assert emb.table_keys("big").numel() == 2000
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_a_pending_key_counts_in_the_combiners_denominator(combiner: str) -> None:
+    table = ec.TableConfig(
+        None, DIM, name="t", combiner=combiner, admission=ec.CountAdmission(min_count=2)
+    )
+    emb = ec.EmbeddingEngine(ec.FeatureConfig(table), ec.SGD(0.0))
+    ids = ec.RaggedIds.from_lists([[5, 5], [5, 7]])  # 5 admitted, 7 pending
+    weights = ec.RaggedIds.from_lists([[1.0, 1.0], [2.0, 1.0]])
+    out = emb(ids, weights).detach().numpy()
+    row = init([5])[0]
+    norm = {"mean": [2.0, 3.0], "sqrtn": [np.sqrt(2.0), np.sqrt(5.0)]}[combiner]
+    np.testing.assert_allclose(out, [2 * row / norm[0], 2 * row / norm[1]], rtol=1e-6)
