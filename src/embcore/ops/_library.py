@@ -182,6 +182,12 @@ def _setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
     ctx.handle, ctx.combiners, ctx.stacked = handle, combiners, stacked
     ctx.counts = (len(values), len(offsets))
     ctx.weighted = [w is not None for w in weights]
+    # the gradients' structure autograd expects: a list for each list of tensors (empty
+    # included), one None for anything else
+    ctx.structure = [
+        len(x) if isinstance(x, list) and all(isinstance(t, Tensor) for t in x) else None
+        for x in inputs
+    ]
     ctx.save_for_backward(*values, *offsets, *[w for w in weights if w is not None])
 
 
@@ -192,9 +198,7 @@ def _backward(ctx: Any, grads: list[Tensor | None]) -> tuple:
     weights = [next(rest) if given else None for given in ctx.weighted]
     grads = [g if g is not None else torch.zeros(0) for g in grads]
     done = update(ctx.handle, values, offsets, weights, ctx.combiners, ctx.stacked, grads)
-    # the structure of the inputs: a list of tensors gets a list, a list holding a None one
-    no_weights = [None] * len(weights) if all(ctx.weighted) else None
-    return None, [None] * n, [None] * m, no_weights, None, None, done
+    return (*[None if k is None else [None] * k for k in ctx.structure[:-1]], done)
 
 
 torch.library.register_autograd("embcore::lookup", _backward, setup_context=_setup_context)
