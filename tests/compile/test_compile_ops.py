@@ -1,0 +1,93 @@
+"""The ``torch.ops.embcore`` operators themselves: fake shapes agree with the kernels'
+(``torch.library.opcheck``), the per-feature ``forward`` trains compiled as eager, and every
+engine (a copy included) is reached by its own handle."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+
+import embcore as ec
+from embcore.ops import _library
+
+
+#: opcheck's checks that run the operator as a pure function: its AOT check also runs the
+#: backward, whose update changes the tables between the two forwards it compares
+CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+def _engine(pipeline: bool = False) -> ec.EmbeddingEngine:
+    a = ec.TableConfig(vocabulary_size=20, dim=4, name="a", combiner="mean")
+    b = ec.TableConfig(vocabulary_size=30, dim=3, name="b")
+    features = {"x": ec.FeatureConfig(a), "y": ec.FeatureConfig(a), "z": ec.FeatureConfig(b)}
+    return ec.EmbeddingEngine(features, optimizer=ec.Adagrad(learning_rate=0.5), pipeline=pipeline)
+
+
+def _ids(batch: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x": torch.randint(0, 20, (batch,), generator=g),
+        "y": torch.randint(0, 20, (batch, 1), generator=g),
+        "z": torch.randint(0, 30, (batch,), generator=g),
+    }
+
+
+def test_opcheck_the_lookup_of_prepared_and_raw_ids() -> None:
+    engine = _engine()
+    ragged = ec.RaggedIds.from_lists([[1, 2, 2], [], [5]])
+    prepared = engine.prepare({"x": ragged, "y": torch.tensor([3, 4, 5]), "z": ragged})
+    batches = prepared.batches
+    codes = [_library.COMBINERS.index(b.combiner) for b in batches]
+    anchor = torch.zeros(0, requires_grad=True)
+    values, offsets = [b.values for b in batches], [b.offsets for b in batches]
+    weights = [b.weights for b in batches]
+    args = (engine._handle, values, offsets, weights, codes, False, anchor)
+    torch.library.opcheck(torch.ops.embcore.lookup.default, args, test_utils=CHECKS)
+    raw = [ids.reshape(-1) for ids in _ids(5, 0).values()]
+    args = (engine._handle, raw, [], [None] * 3, [], False, anchor)
+    torch.library.opcheck(torch.ops.embcore.lookup.default, args, test_utils=CHECKS)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_the_compiled_per_feature_forward_trains_as_eager(pipeline: bool) -> None:
+    eager, compiled = _engine(pipeline), _engine(pipeline)
+    forward = torch.compile(compiled, backend="aot_eager")
+    for step, batch in enumerate([7, 9, 11, 7]):
+        ids = _ids(batch, step)
+        want, got = eager(ids), forward(ids)
+        for name in ("x", "y", "z"):
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+        scale = torch.arange(1.0, 4.0)
+        for acts in (want, got):
+            (acts["x"].sum() + (acts["y"] ** 2).sum() + (acts["z"] * scale[:3]).sum()).backward()
+    eager.flush(), compiled.flush()
+    assert compiled.step == eager.step == 4
+    for name, table in compiled.embedding_tables.items():
+        torch.testing.assert_close(table, eager.embedding_tables[name], rtol=0, atol=0)
+
+
+def test_a_copy_of_an_engine_has_its_own_handle_and_tables() -> None:
+    engine = _engine()
+    twin = copy.deepcopy(engine)
+    assert twin._handle != engine._handle
+    assert _library.target(twin._handle).engine is twin
+    with torch.no_grad():
+        twin.store.w0.fill_(1.0)  # table "a"
+    ids = _ids(4, 0)
+    for e, value in ((engine, None), (twin, 1.0)):
+        got = torch.compile(e.eval(), backend="aot_eager")(ids)["x"]
+        if value is None:
+            assert not torch.all(got == 1.0)
+        else:
+            torch.testing.assert_close(got, torch.ones(4, 4))
+    del engine
+    with pytest.raises(RuntimeError, match="no engine has handle"):
+        _library.target(twin._handle - 1)
