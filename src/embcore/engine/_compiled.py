@@ -75,10 +75,12 @@ class EngineOps:
     def op_update(self, batches: list[FeatureBatch], grads: list[Tensor], stacked: bool) -> None:
         e = self.engine
         whole = None
-        if stacked:
+        if stacked and grads[0].dim() == 3:
             grad = grads[0].detach().to(torch.float32)
             whole = grad if grad.is_contiguous() else None
-            flat = [grad[:, f, :] for f in range(len(batches))]
+            flat: list[Tensor | None] = [grad[:, f, :] for f in range(len(batches))]
+        elif stacked:  # the output was not used: zeros
+            flat = [None] * len(batches)
         else:
             flat = [g if g.numel() else None for g in grads]  # empty: unused (zeros)
         checked, error = e._check(batches, flat)
