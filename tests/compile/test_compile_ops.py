@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 import torch._dynamo
+from engine_cases import BACKENDS
 
 import embcore as ec
 from embcore.ops import _library
-
 
 #: opcheck's checks that run the operator as a pure function: its AOT check also runs the
 #: backward, whose update changes the tables between the two forwards it compares
@@ -24,11 +24,13 @@ def _fresh_dynamo() -> None:
     torch._dynamo.reset()
 
 
-def _engine(pipeline: bool = False) -> ec.EmbeddingEngine:
+def _engine(pipeline: bool = False, backend: str = "auto") -> ec.EmbeddingEngine:
     a = ec.TableConfig(vocabulary_size=20, dim=4, name="a", combiner="mean")
     b = ec.TableConfig(vocabulary_size=30, dim=3, name="b")
     features = {"x": ec.FeatureConfig(a), "y": ec.FeatureConfig(a), "z": ec.FeatureConfig(b)}
-    return ec.EmbeddingEngine(features, optimizer=ec.Adagrad(learning_rate=0.5), pipeline=pipeline)
+    return ec.EmbeddingEngine(
+        features, optimizer=ec.Adagrad(learning_rate=0.5), pipeline=pipeline, backend=backend
+    )
 
 
 def _ids(batch: int, seed: int) -> dict[str, torch.Tensor]:
@@ -56,9 +58,10 @@ def test_opcheck_the_lookup_of_prepared_and_raw_ids() -> None:
     torch.library.opcheck(torch.ops.embcore.lookup.default, args, test_utils=CHECKS)
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_the_compiled_per_feature_forward_trains_as_eager(pipeline: bool) -> None:
-    eager, compiled = _engine(pipeline), _engine(pipeline)
+@pytest.mark.parametrize(("backend", "pipeline"), [(b, False) for b in BACKENDS] + [("auto", True)])
+def test_the_compiled_per_feature_forward_trains_as_eager(backend: str, pipeline: bool) -> None:
+    """Every kernel backend behind the operators (CPU, Triton where it runs, reference)."""
+    eager, compiled = _engine(pipeline, backend), _engine(pipeline, backend)
     forward = torch.compile(compiled, backend="aot_eager")
     for step, batch in enumerate([7, 9, 11, 7]):
         ids = _ids(batch, step)

@@ -63,8 +63,13 @@ class EngineOps:
 
     def op_lookup(self, batches: list[FeatureBatch], stacked: bool) -> list[Tensor]:
         e = self.engine
-        if not stacked:
-            return [a.clone() if a._base is not None else a for a in e._lookup(batches)]
+        if not stacked:  # an operator's outputs may not share memory (a backend's may)
+            outs, storages = [], set()
+            for act in e._lookup(batches):
+                storage = act.untyped_storage().data_ptr()
+                outs.append(act.clone() if act._base is not None or storage in storages else act)
+                storages.add(storage)
+            return outs
         dim = e._tables[e._features[0].table].dim
         out = torch.empty(
             (batches[0].num_samples, len(batches), dim), dtype=torch.float32, device=e.device
