@@ -49,7 +49,7 @@ def test_an_id_out_of_range_raises_the_eager_error_inside_the_compiled_model() -
     sparse[3, 5] = VOCAB + 7
     with pytest.raises(ValueError) as eager:
         model(dense, sparse)
-    compiled = torch.compile(model, backend="aot_eager")
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with pytest.raises(ValueError) as inside:
         compiled(dense, sparse)
     assert str(inside.value) == str(eager.value)

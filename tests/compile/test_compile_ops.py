@@ -62,7 +62,7 @@ def test_opcheck_the_lookup_of_prepared_and_raw_ids() -> None:
 def test_the_compiled_per_feature_forward_trains_as_eager(backend: str, pipeline: bool) -> None:
     """Every kernel backend behind the operators (CPU, Triton where it runs, reference)."""
     eager, compiled = _engine(pipeline, backend), _engine(pipeline, backend)
-    forward = torch.compile(compiled, backend="aot_eager")
+    forward = torch.compile(compiled, backend="aot_eager", fullgraph=True)
     for step, batch in enumerate([7, 9, 11, 7]):
         ids = _ids(batch, step)
         want, got = eager(ids), forward(ids)
@@ -86,7 +86,7 @@ def test_a_copy_of_an_engine_has_its_own_handle_and_tables() -> None:
         twin.store.w0.fill_(1.0)  # table "a"
     ids = _ids(4, 0)
     for e, value in ((engine, None), (twin, 1.0)):
-        got = torch.compile(e.eval(), backend="aot_eager")(ids)["x"]
+        got = torch.compile(e.eval(), backend="aot_eager", fullgraph=True)(ids)["x"]
         if value is None:
             assert not torch.all(got == 1.0)
         else:

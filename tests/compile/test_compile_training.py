@@ -32,7 +32,8 @@ def _train(backend: str | None, prepared: bool) -> tuple[torch.Tensor, dict[str,
     tables after them."""
     model = small_dlrm()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    forward = model if backend is None else torch.compile(model, backend=backend)
+    # fullgraph: a graph break would raise
+    forward = model if backend is None else torch.compile(model, backend=backend, fullgraph=True)
     losses = []
     for dense, sparse, labels in batches(SIZES):
         ids = model.engine.prepare(model.features(sparse)) if prepared else sparse
