@@ -5,6 +5,7 @@ engine (a copy included) is reached by its own handle."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -82,6 +83,9 @@ def test_a_copy_of_an_engine_has_its_own_handle_and_tables() -> None:
     twin = copy.deepcopy(engine)
     assert twin._handle != engine._handle
     assert _library.target(twin._handle).engine is twin
+    unpickled = pickle.loads(pickle.dumps(engine))
+    assert len({unpickled._handle, twin._handle, engine._handle}) == 3
+    assert _library.target(unpickled._handle).engine is unpickled
     with torch.no_grad():
         twin.store.w0.fill_(1.0)  # table "a"
     ids = _ids(4, 0)

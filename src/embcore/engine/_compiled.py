@@ -37,6 +37,11 @@ class EngineOps:
         # cannot require grad); its gradient, always empty, is the update's result
         self.anchor = torch.zeros(0, requires_grad=True)
 
+    def __reduce__(self) -> tuple:
+        # a copy or a pickle of the engine registers a target of its own (attach_ops, from
+        # EmbeddingEngine.__setstate__): nothing of this one travels
+        return (_unattached, ())
+
     @property
     def engine(self) -> Any:
         engine = self._engine()
@@ -90,6 +95,11 @@ class EngineOps:
             flat = [g if g.numel() else None for g in grads]  # empty: unused (zeros)
         checked, error = e._check(batches, flat)
         e._update(batches, checked, error, whole)
+
+
+def _unattached() -> None:
+    """What a copied :class:`EngineOps` becomes until its engine attaches a new one."""
+    return None
 
 
 def attach_ops(engine: Any) -> None:
