@@ -18,6 +18,23 @@ def test_dot_interaction_is_dense_plus_each_pairwise_dot_once() -> None:
     torch.testing.assert_close(out, want)
 
 
+def test_dot_interaction_gradients_are_those_of_the_written_out_dots() -> None:
+    torch.manual_seed(1)
+    dense = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    sparse = torch.randn(6, 3, 4, dtype=torch.float64, requires_grad=True)
+    layer = DotInteraction(3, 4)
+    weights = torch.randn(6, layer.output_dim, dtype=torch.float64)
+    (layer(dense, sparse) * weights).sum().backward()
+    got = dense.grad, sparse.grad
+    # the same loss through autograd's own product rule on each dot
+    d, s = dense.detach().requires_grad_(), sparse.detach().requires_grad_()
+    vectors = [d] + [s[:, f] for f in range(3)]
+    pairs = [(vectors[i] * vectors[j]).sum(1) for i in range(4) for j in range(i)]
+    (torch.cat([d, torch.stack(pairs, 1)], 1) * weights).sum().backward()
+    torch.testing.assert_close(got, (d.grad, s.grad))
+    assert torch.autograd.gradcheck(layer, (dense, sparse))
+
+
 def test_cross_interaction_follows_the_dcn_v2_formula() -> None:
     torch.manual_seed(0)
     layer = CrossInteraction(2, 3, layers=2, rank=0)
