@@ -33,7 +33,7 @@ from embcore.errors import UserError, reading
 from embcore.models import DLRM
 from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
 from embcore.train.metrics import auc, log_loss
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.model import build_model, dense_lr, dense_optimizer, embedding_optimizer
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
 from embcore.train.run_dir import RunDirectory
@@ -228,7 +228,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
+    optimizer = dense_optimizer(model, cfg.optim)
     forward = compiled(model) if cfg.train.compile else model
     found = run_dir.open(echo)
     state = RunState()
