@@ -85,3 +85,21 @@ def test_an_engine_profiles_a_dynamic_table(tmp_path) -> None:
     assert stats["item"]["rows_held"] == 0 and stats["item"]["key"]["vocabulary_size"] == 50
     assert stats["user"]["key"]["vocabulary_size"] is None and key.rows_held is not None
     assert engine.table_info("user")["rows"] == 10
+
+
+def test_the_stats_report_shows_rows_held_of_dynamic_tables(tmp_path) -> None:
+    from embcore.cli.stats import report
+
+    held = iter([0, 3])
+    tables = [
+        StatsTable("user", None, 8, 1, rows_held=lambda: next(held)),
+        StatsTable("t", 9, 4, 1),
+    ]
+    collector = StatsCollector(tmp_path, tables, sample_rate=1.0)
+    for keys in ([5, 6, 5, 7], [8, 8, 8, 8]):
+        collector.observe([[_batch(keys)], [_batch([1, 2, 1, 1])]])
+    text = report([(tmp_path / "x.json", s) for s in collector.stats], top=3)
+    assert "table user  (dynamic x 8," in text and "table t  (9 x 4," in text
+    assert "rows held (the most at a sampled batch): 3" in text
+    assert text.count("rows held") == 1  # only the dynamic table has the line
+    assert "unique ids per batch 50.0% (2 on average)" in text  # 3/4 and 1/4; 3 and 1
