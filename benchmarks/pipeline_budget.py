@@ -11,10 +11,17 @@ untimed between modes):
 * ``pipelined, own budget``: the background update runs inside
   ``embcore.ops.cpu.threads.budget(background_workers())``.
 
-Prints min / median / max of the per-repeat medians and the speed-ups over exact within each
-repeat::
+Prints, per mode, min / median / max of the per-repeat medians, the speed-up over exact (the
+median of per-repeat ratios) and the cores the process kept busy (its CPU time over wall time,
+summed over its threads). Then the step's phases, timed apart on the same engine: the lookup
+``L``, the loss and backward with the update deferred ``B``, and the deferred update alone
+``U`` (``flush()``), and the most pipelining can give, ``(L + B + U) / (L + max(B, U))``: the
+update overlaps only the loss and backward of the next step (the next lookup must read the
+tables before it and the one after waits for it). The load average is printed before and
+after: the machine is shared::
 
     python benchmarks/pipeline_budget.py                 # W1, 5 repeats of 6 steps
+    python benchmarks/pipeline_budget.py --workload W1 W2 --repeats 3
     python benchmarks/pipeline_budget.py --workload W1-quick --repeats 3
     python benchmarks/pipeline_budget.py --threads 1    # PyTorch on one core, update on the other
 """
@@ -22,6 +29,7 @@ repeat::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,7 +49,7 @@ from embcore.ops.cpu.malloc import keep_freed_memory
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", default="W1", choices=sorted(WORKLOADS))
+    p.add_argument("--workload", nargs="+", default=["W1"], choices=sorted(WORKLOADS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=6, help="timed steps per mode and repeat")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
@@ -49,8 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
-    workload = WORKLOADS[args.workload]
-    run = Run(workload, "adagrad", make_batches(workload, 4), pipeline=True)
+    print(
+        f"load average before: {os.getloadavg()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    )
+    for name in args.workload:
+        bench(WORKLOADS[name], args.repeats, args.steps)
+        print(f"load average after {name}: {os.getloadavg()}")
+    return 0
+
+
+def bench(workload: Any, repeats: int, per_repeat: int) -> None:
+    """Time the three modes on one engine of ``workload``, interleaved, then its phases."""
+    batches = make_batches(workload, 4)
+    run = Run(workload, "adagrad", batches, pipeline=True)
     engine = run.engine
     plain_update = engine._apply_update
 
@@ -64,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         "pipelined, own budget": (True, own_budget),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
+    busy: dict[str, list[float]] = {m: [] for m in modes}
     i = 0
-    for r in range(args.repeats + 1):  # repeat 0 warms up
+    for r in range(repeats + 1):  # repeat 0 warms up
         order = list(modes) if r % 2 else list(reversed(modes))
         for mode in order:
             engine.flush()
@@ -73,28 +93,80 @@ def main(argv: list[str] | None = None) -> int:
             run.step(i % len(run.inputs))  # untimed: no update in flight yet
             i += 1
             steps = []
-            for _ in range(args.steps):
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(per_repeat):
                 start = time.perf_counter()
                 run.step(i % len(run.inputs))
                 steps.append(time.perf_counter() - start)
                 i += 1
-            engine.flush()
+            engine.flush()  # the last update's work counts in the CPU time and the wall time
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             if r:
                 times[mode].append(float(np.median(steps)))
+                busy[mode].append(cpu / wall)
+    engine.pipelined, engine._apply_update = True, plain_update
+    phases = phase_times(run, repeats * per_repeat, i)
     print(
-        f"{workload.name} Adagrad, {torch.get_num_threads()} torch threads, background budget "
-        f"{threads.background_workers()}; {args.repeats} repeats x {args.steps} steps"
+        f"\n{workload.name} Adagrad, {torch.get_num_threads()} torch threads, background budget "
+        f"{threads.background_workers()}; {repeats} repeats x {per_repeat} steps"
     )
-    print("| mode | min ms | median ms | max ms | speed-up over exact (median per repeat) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| mode | min ms | median ms | max ms | speed-up over exact | cores busy |")
+    print("|---|---:|---:|---:|---:|---:|")
     exact = np.array(times["exact"])
     for mode, t in times.items():
         ms = 1e3 * np.array(t)
         print(
             f"| {mode} | {ms.min():.1f} | {np.median(ms):.1f} | {ms.max():.1f} | "
-            f"{np.median(exact / np.array(t)):.2f}x |"
+            f"{np.median(exact / np.array(t)):.2f}x | {np.median(busy[mode]):.2f} |"
         )
-    return 0
+    lookup, backward, update = (1e3 * phases[k][0] for k in ("L", "B", "U"))
+    ceiling = (lookup + backward + update) / (lookup + max(backward, update))
+    cores = ", ".join(f"{k} {phases[k][1]:.2f}" for k in "LBU")
+    print(
+        f"phases (median ms): lookup L {lookup:.1f}, loss + backward B {backward:.1f}, update "
+        f"U {update:.1f}; cores busy {cores}; pipelining's ceiling with cores to spare "
+        f"(L + B + U) / (L + max(B, U)) = {ceiling:.2f}x"
+    )
+    print(traffic(workload, batches))
+
+
+def phase_times(run: Run, steps: int, i: int) -> dict[str, tuple[float, float]]:
+    """Median seconds and cores busy (CPU time over wall time) of the lookup, the loss and
+    backward (the update deferred) and the deferred update applied alone, on the main thread
+    with every worker."""
+    engine = run.engine
+    out: dict[str, list[tuple[float, float]]] = {"L": [], "B": [], "U": []}
+    for _ in range(steps):
+        engine.flush()
+        batch = run.inputs[i % len(run.inputs)]
+        i += 1
+        marks = [(time.perf_counter(), time.process_time())]
+        acts = engine.stacked(batch)  # nothing in flight: the lookup alone
+        marks.append((time.perf_counter(), time.process_time()))
+        ((acts @ run.projection) ** 2).sum().backward()
+        marks.append((time.perf_counter(), time.process_time()))
+        engine.flush()
+        marks.append((time.perf_counter(), time.process_time()))
+        for key, (w0, c0), (w1, c1) in zip("LBU", marks[:-1], marks[1:], strict=True):
+            out[key].append((w1 - w0, (c1 - c0) / max(w1 - w0, 1e-9)))
+    return {
+        k: (float(np.median([w for w, _ in v])), float(np.median([c for _, c in v])))
+        for k, v in out.items()
+    }
+
+
+def traffic(workload: Any, batches: list[Any]) -> str:
+    """Ids and unique rows per step, and the bytes of rows the lookup and the update move."""
+    ids = np.mean([sum(len(v) for v in b.values) for b in batches])
+    rows = np.mean([sum(len(np.unique(v)) for v in b.values) for b in batches])
+    row = 4 * workload.dim
+    # lookup: read every id's row; update: read and write each unique row and accumulator,
+    # plus the summed gradient (written, then read)
+    return (
+        f"{ids:,.0f} ids, {rows:,.0f} unique rows per step: lookup reads {ids * row / 2**20:.0f} "
+        f"MiB, the update moves {rows * row * 6 / 2**20:.0f} MiB (weight and accumulator read "
+        "and written, gradient written and read)"
+    )
 
 
 if __name__ == "__main__":
