@@ -1,5 +1,6 @@
 """Pipelined mode's thread budget: exact vs pipelined with the background update on every
-core vs pipelined with the update on the cores PyTorch leaves free, on one engine.
+core vs pipelined with the update on the cores PyTorch leaves free (or one core each), on one
+engine.
 
 One W1 engine (the ``embcore bench`` step: stacked lookup, projection loss, backward) runs
 in three modes, interleaved within every repeat (the order alternates; the engine is flushed
@@ -9,16 +10,19 @@ untimed between modes):
 * ``pipelined``: the background update's kernels use ``torch.get_num_threads()`` threads,
   next to PyTorch's own threads computing the next step;
 * ``pipelined, own budget``: the background update runs inside
-  ``embcore.ops.cpu.threads.budget(background_workers())``.
+  ``embcore.ops.cpu.threads.budget(background_workers())``;
+* ``pipelined, 1 + 1 cores``: the whole step on one torch thread, so the foreground and the
+  background update (capped by the torch thread count) each have one core of two.
 
 Prints, per mode, min / median / max of the per-repeat medians, the speed-up over exact (the
 median of per-repeat ratios) and the cores the process kept busy (its CPU time over wall time,
-summed over its threads). Then the step's phases, timed apart on the same engine: the lookup
-``L``, the loss and backward with the update deferred ``B``, and the deferred update alone
-``U`` (``flush()``), and the most pipelining can give, ``(L + B + U) / (L + max(B, U))``: the
-update overlaps only the loss and backward of the next step (the next lookup must read the
-tables before it and the one after waits for it). The load average is printed before and
-after: the machine is shared::
+summed over its threads). Then the step's phases, timed apart on the same engine: the inputs'
+checks and conversion ``P`` (``prepare``), the lookup ``L``, the loss and backward with the
+update deferred ``B``, and the deferred update alone ``U`` (``flush()``), and the most
+pipelining can give with cores to spare, ``(P + L + B + U) / (L + max(P + B, U))``: the
+update overlaps only the loss and backward of the next step and the preparation of the one
+after (the next lookup must read the tables before it, the one after waits for it). The
+load average is printed before and after: the machine is shared::
 
     python benchmarks/pipeline_budget.py                 # W1, 5 repeats of 6 steps
     python benchmarks/pipeline_budget.py --workload W1 W2 --repeats 3
@@ -77,10 +81,12 @@ def bench(workload: Any, repeats: int, per_repeat: int) -> None:
         with threads.budget(threads.background_workers()):
             plain_update(*deferred)
 
-    modes = {
-        "exact": (False, plain_update),
-        "pipelined": (True, plain_update),
-        "pipelined, own budget": (True, own_budget),
+    every = torch.get_num_threads()
+    modes = {  # pipelined?, the update, torch threads for the whole step
+        "exact": (False, plain_update, every),
+        "pipelined": (True, plain_update, every),
+        "pipelined, own budget": (True, own_budget, every),
+        "pipelined, 1 + 1 cores": (True, plain_update, 1),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     busy: dict[str, list[float]] = {m: [] for m in modes}
@@ -89,7 +95,8 @@ def bench(workload: Any, repeats: int, per_repeat: int) -> None:
         order = list(modes) if r % 2 else list(reversed(modes))
         for mode in order:
             engine.flush()
-            engine.pipelined, engine._apply_update = modes[mode]
+            engine.pipelined, engine._apply_update, n = modes[mode]
+            torch.set_num_threads(n)
             run.step(i % len(run.inputs))  # untimed: no update in flight yet
             i += 1
             steps = []
@@ -101,6 +108,7 @@ def bench(workload: Any, repeats: int, per_repeat: int) -> None:
                 i += 1
             engine.flush()  # the last update's work counts in the CPU time and the wall time
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            torch.set_num_threads(every)
             if r:
                 times[mode].append(float(np.median(steps)))
                 busy[mode].append(cpu / wall)
@@ -119,35 +127,39 @@ def bench(workload: Any, repeats: int, per_repeat: int) -> None:
             f"| {mode} | {ms.min():.1f} | {np.median(ms):.1f} | {ms.max():.1f} | "
             f"{np.median(exact / np.array(t)):.2f}x | {np.median(busy[mode]):.2f} |"
         )
-    lookup, backward, update = (1e3 * phases[k][0] for k in ("L", "B", "U"))
-    ceiling = (lookup + backward + update) / (lookup + max(backward, update))
-    cores = ", ".join(f"{k} {phases[k][1]:.2f}" for k in "LBU")
+    prep, lookup, backward, update = (1e3 * phases[k][0] for k in "PLBU")
+    # the update overlaps the loss and backward of the next step and the preparation of the
+    # one after (which then waits for it before its lookup)
+    ceiling = (prep + lookup + backward + update) / (lookup + max(prep + backward, update))
+    cores = ", ".join(f"{k} {phases[k][1]:.2f}" for k in "PLBU")
     print(
-        f"phases (median ms): lookup L {lookup:.1f}, loss + backward B {backward:.1f}, update "
-        f"U {update:.1f}; cores busy {cores}; pipelining's ceiling with cores to spare "
-        f"(L + B + U) / (L + max(B, U)) = {ceiling:.2f}x"
+        f"phases (median ms): prepare P {prep:.1f}, lookup L {lookup:.1f}, loss + backward B "
+        f"{backward:.1f}, update U {update:.1f}; cores busy {cores}; pipelining's ceiling with "
+        f"cores to spare (P + L + B + U) / (L + max(P + B, U)) = {ceiling:.2f}x"
     )
     print(traffic(workload, batches))
 
 
 def phase_times(run: Run, steps: int, i: int) -> dict[str, tuple[float, float]]:
-    """Median seconds and cores busy (CPU time over wall time) of the lookup, the loss and
-    backward (the update deferred) and the deferred update applied alone, on the main thread
-    with every worker."""
+    """Median seconds and cores busy (CPU time over wall time) of the inputs' preparation
+    (checks and conversion), the lookup, the loss and backward (the update deferred) and the
+    deferred update applied alone, on the main thread with every worker."""
     engine = run.engine
-    out: dict[str, list[tuple[float, float]]] = {"L": [], "B": [], "U": []}
+    out: dict[str, list[tuple[float, float]]] = {"P": [], "L": [], "B": [], "U": []}
     for _ in range(steps):
         engine.flush()
         batch = run.inputs[i % len(run.inputs)]
         i += 1
         marks = [(time.perf_counter(), time.process_time())]
-        acts = engine.stacked(batch)  # nothing in flight: the lookup alone
+        prepared = engine.prepare(batch)  # the inputs checked and converted
+        marks.append((time.perf_counter(), time.process_time()))
+        acts = engine.stacked(prepared)  # nothing in flight: the lookup alone
         marks.append((time.perf_counter(), time.process_time()))
         ((acts @ run.projection) ** 2).sum().backward()
         marks.append((time.perf_counter(), time.process_time()))
         engine.flush()
         marks.append((time.perf_counter(), time.process_time()))
-        for key, (w0, c0), (w1, c1) in zip("LBU", marks[:-1], marks[1:], strict=True):
+        for key, (w0, c0), (w1, c1) in zip("PLBU", marks[:-1], marks[1:], strict=True):
             out[key].append((w1 - w0, (c1 - c0) / max(w1 - w0, 1e-9)))
     return {
         k: (float(np.median([w for w, _ in v])), float(np.median([c for _, c in v])))
