@@ -115,7 +115,11 @@ def bench(workload: Any, repeats: int, per_repeat: int) -> None:
                 times[mode].append(float(np.median(steps)))
                 busy[mode].append(cpu / wall)
     engine.pipelined, engine._apply_update = True, plain_update
-    phases = phase_times(run, repeats * per_repeat, i)
+    phases = {}
+    for n in sorted({every, 1}, reverse=True):
+        torch.set_num_threads(n)
+        phases[n] = phase_times(run, repeats * per_repeat, i)
+    torch.set_num_threads(every)
     print(
         f"\n{workload.name} Adagrad, {torch.get_num_threads()} torch threads, background budget "
         f"{threads.background_workers()}; {repeats} repeats x {per_repeat} steps"
@@ -134,16 +138,18 @@ def bench(workload: Any, repeats: int, per_repeat: int) -> None:
             f"{np.median(exact / np.array(t)):.2f}x | {np.median(same / np.array(t)):.2f}x | "
             f"{np.median(busy[mode]):.2f} |"
         )
-    prep, lookup, backward, update = (1e3 * phases[k][0] for k in "PLBU")
-    # the update overlaps the loss and backward of the next step and the preparation of the
-    # one after (which then waits for it before its lookup)
-    ceiling = (prep + lookup + backward + update) / (lookup + max(prep + backward, update))
-    cores = ", ".join(f"{k} {phases[k][1]:.2f}" for k in "PLBU")
-    print(
-        f"phases (median ms): prepare P {prep:.1f}, lookup L {lookup:.1f}, loss + backward B "
-        f"{backward:.1f}, update U {update:.1f}; cores busy {cores}; pipelining's ceiling with "
-        f"cores to spare (P + L + B + U) / (L + max(P + B, U)) = {ceiling:.2f}x"
-    )
+    for n, measured in phases.items():
+        prep, lookup, backward, update = (1e3 * measured[k][0] for k in "PLBU")
+        # the update overlaps the loss and backward of the next step and the preparation of
+        # the one after (which then waits for it before its lookup)
+        ceiling = (prep + lookup + backward + update) / (lookup + max(prep + backward, update))
+        cores = ", ".join(f"{k} {measured[k][1]:.2f}" for k in "PLBU")
+        print(
+            f"phases on {n} thread(s) (median ms): prepare P {prep:.1f}, lookup L {lookup:.1f}, "
+            f"loss + backward B {backward:.1f}, update U {update:.1f}; cores busy {cores}; "
+            f"pipelining's ceiling with a core to spare (P + L + B + U) / (L + max(P + B, U)) "
+            f"= {ceiling:.2f}x"
+        )
     print(traffic(workload, batches))
 
 
