@@ -159,3 +159,15 @@ def test_non_strict_load_of_a_dynamic_table_is_whole_or_nothing():
     after = current(partial)
     for key, value in before.items():
         np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def test_engine_inside_a_model_under_a_strict_load_raises_as_torch_does():
+    """torch tells a submodule nothing of the outer call's ``strict``: the engine loads what
+    is present, like torch's own modules, and the outer call raises for the missing key."""
+    model = nn.Module()
+    model.emb = make_engine()
+    state = random_state(model.emb, seed=6)
+    given = {f"emb.{k}": v for k, v in tensors(state).items() if k != "user.weight"}
+    with pytest.raises(RuntimeError, match=r"Missing key.*emb\.user\.weight"):
+        model.load_state_dict(given)
+    np.testing.assert_array_equal(current(model.emb)["video.weight"], state["video.weight"])
