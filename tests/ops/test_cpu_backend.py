@@ -262,6 +262,22 @@ def test_out_of_range_id_raises_and_changes_nothing() -> None:
     assert torch.equal(state.slots["accumulators"], before.slots["accumulators"])
 
 
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
+def test_out_of_range_id_in_a_later_table_changes_no_table(name: str) -> None:
+    """The rule of a table may run right after its own dedup: every id is checked first, so
+    a bad id in the last table leaves the first one unchanged too."""
+    states = [make_state(OPTIMIZERS[name], 10, 4, seed=s) for s in range(2)]
+    before = [copy_state(s) for s in states]
+    good = FeatureBatch(torch.tensor([1, 2]), torch.tensor([0, 1, 2]), None, "sum", (2,))
+    bad = FeatureBatch(torch.tensor([3, 10]), torch.tensor([0, 1, 2]), None, "sum", (2,))
+    grads = [[torch.ones(2, 4)], [torch.ones(2, 4)]]
+    with pytest.raises(IndexError, match=r"id 10 .*'table1' with 10 rows"):
+        cpu.update(states, [[good], [bad]], grads, [0.1, 0.1], 1)
+    for state, old in zip(states, before, strict=True):
+        assert torch.equal(state.weight, old.weight)
+        assert all(torch.equal(state.slots[k], old.slots[k]) for k in state.slots)
+
+
 def test_unsupported_dtype_raises_not_implemented() -> None:
     state = TableState("wide", torch.zeros(4, 2, dtype=torch.float64), {}, None)
     batch = FeatureBatch(torch.tensor([1]), torch.tensor([0, 1]), None, "sum", (1,))

@@ -38,6 +38,7 @@ from embcore.ops.cpu.layout import (
     F_ROWS,
     F_SAMPLES,
     F_STRIDE,
+    F_TABLE,
     F_VALUES,
     F_WEIGHTS,
     T_DIM,
@@ -45,12 +46,69 @@ from embcore.ops.cpu.layout import (
     T_VOCAB,
 )
 
-__all__ = ["unique_gradients"]
+__all__ = ["out_of_range", "table_gradients", "unique_gradients"]
 
 #: how many ids ahead the sparse-set entry is prefetched
 PREFETCH_IDS = 16
 #: how many samples ahead the activation-gradient row is prefetched
 PREFETCH_SAMPLES = 4
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untyped-def]
+    """Table ``t``'s unique rows and summed gradients into ``plan`` (see
+    :func:`unique_gradients`).
+
+    Returns:
+        The number of the table's ids outside ``[0, vocab)`` (skipped).
+    """
+    base, unique, count, offset, gradients = plan[0], plan[1], plan[2], plan[3], plan[4]
+    bad = 0
+    vocab, dim = tables[t, T_VOCAB], tables[t, T_DIM]
+    pos = i32_vector(tables[t, T_POSITIONS], vocab)
+    rows = unique[base[t] :]
+    block = f32_matrix(gradients.ctypes.data + 4 * offset[t], base[t + 1] - base[t], dim)
+    n = 0  # distinct rows so far
+    for f in range(first[t], first[t + 1]):
+        feat = features[f]
+        samples, combiner, weights = feat[F_SAMPLES], feat[F_COMBINER], feat[F_WEIGHTS]
+        ids = feat[F_IDS]
+        values = i64_vector(feat[F_VALUES], ids)
+        offsets = i64_vector(feat[F_OFFSETS], samples + 1)
+        grads, stride = feat[F_ROWS], feat[F_STRIDE]
+        for s in range(samples):
+            lo, hi = offsets[s], offsets[s + 1]
+            scale = sample_scale(weights, lo, hi, combiner)
+            src = f32_vector(grads + 4 * stride * s, dim)
+            if s + PREFETCH_SAMPLES < samples:  # strided rows defeat the hardware prefetcher
+                ahead = grads + 4 * stride * (s + PREFETCH_SAMPLES)
+                for line in range(0, 4 * dim, 64):
+                    prefetch(ahead + line)
+            for j in range(lo, hi):
+                if j + PREFETCH_IDS < ids:
+                    ahead = values[j + PREFETCH_IDS]
+                    if 0 <= ahead < vocab:
+                        prefetch(tables[t, T_POSITIONS] + 4 * ahead)
+                r = values[j]
+                if r < 0 or r >= vocab:
+                    bad += 1
+                    continue
+                g = gain(weights, j, scale, combiner)
+                u = pos[r]
+                if u < 0 or u >= n or rows[u] != r:  # first occurrence: a new row
+                    u = n
+                    pos[r] = u
+                    rows[u] = r
+                    n += 1
+                    out = block[u]
+                    for d in range(dim):
+                        out[d] = g * src[d]
+                else:
+                    out = block[u]
+                    for d in range(dim):
+                        out[d] += g * src[d]
+    count[t] = n
+    return bad
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -65,56 +123,26 @@ def unique_gradients(  # type: ignore[no-untyped-def]
     Returns:
         The number of ids outside ``[0, vocab)`` (no table is written; the caller raises).
     """
-    base, unique, count, offset, gradients = plan[0], plan[1], plan[2], plan[3], plan[4]
     counter = plan[5]
     bad = 0
     while True:
         k = claim(counter)
         if k >= order.shape[0]:
             break
-        t = order[k]
-        vocab, dim = tables[t, T_VOCAB], tables[t, T_DIM]
-        pos = i32_vector(tables[t, T_POSITIONS], vocab)
-        rows = unique[base[t] :]
-        block = f32_matrix(gradients.ctypes.data + 4 * offset[t], base[t + 1] - base[t], dim)
-        n = 0  # distinct rows so far
-        for f in range(first[t], first[t + 1]):
-            feat = features[f]
-            samples, combiner, weights = feat[F_SAMPLES], feat[F_COMBINER], feat[F_WEIGHTS]
-            ids = feat[F_IDS]
-            values = i64_vector(feat[F_VALUES], ids)
-            offsets = i64_vector(feat[F_OFFSETS], samples + 1)
-            grads, stride = feat[F_ROWS], feat[F_STRIDE]
-            for s in range(samples):
-                lo, hi = offsets[s], offsets[s + 1]
-                scale = sample_scale(weights, lo, hi, combiner)
-                src = f32_vector(grads + 4 * stride * s, dim)
-                if s + PREFETCH_SAMPLES < samples:  # strided rows defeat the hardware prefetcher
-                    ahead = grads + 4 * stride * (s + PREFETCH_SAMPLES)
-                    for line in range(0, 4 * dim, 64):
-                        prefetch(ahead + line)
-                for j in range(lo, hi):
-                    if j + PREFETCH_IDS < ids:
-                        ahead = values[j + PREFETCH_IDS]
-                        if 0 <= ahead < vocab:
-                            prefetch(tables[t, T_POSITIONS] + 4 * ahead)
-                    r = values[j]
-                    if r < 0 or r >= vocab:
-                        bad += 1
-                        continue
-                    g = gain(weights, j, scale, combiner)
-                    u = pos[r]
-                    if u < 0 or u >= n or rows[u] != r:  # first occurrence: a new row
-                        u = n
-                        pos[r] = u
-                        rows[u] = r
-                        n += 1
-                        out = block[u]
-                        for d in range(dim):
-                            out[d] = g * src[d]
-                    else:
-                        out = block[u]
-                        for d in range(dim):
-                            out[d] += g * src[d]
-        count[t] = n
+        bad += table_gradients(tables, features, first, plan, order[k])
+    return bad
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def out_of_range(tables, features, worker, workers):  # type: ignore[no-untyped-def]
+    """How many ids of features ``worker, worker + workers, ...`` lie outside their table's
+    ``[0, vocab)``: checked before a fused update writes any table."""
+    bad = 0
+    for f in range(worker, features.shape[0], workers):
+        feat = features[f]
+        vocab = tables[feat[F_TABLE], T_VOCAB]
+        values = i64_vector(feat[F_VALUES], feat[F_IDS])
+        for j in range(values.shape[0]):
+            r = values[j]
+            bad += (r < 0) | (r >= vocab)
     return bad
