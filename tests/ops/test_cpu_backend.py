@@ -188,6 +188,25 @@ def test_zero_denominator_and_empty_bags_give_zero(combiner: str) -> None:
     assert_states_match(got, state, before, ~touched([batch], 10))
 
 
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad", "sgd"])
+def test_big_table_few_ids_matches_reference(name: str) -> None:
+    """A step with few ids for its vocabulary dedups through a batch-sized hash table rather
+    than the per-table index: same unique rows, same sums, two features sharing the table."""
+    vocab, dim = 20_000, 8
+    gen = torch.Generator().manual_seed(7)
+    state = make_state(OPTIMIZERS[name], vocab, dim, seed=2)
+    before = copy_state(state)
+
+    def clustered(samples: int, combiner: str, weighted: bool) -> FeatureBatch:
+        batch = make_batch(gen, 500, samples, 4, combiner, weighted)  # many duplicates
+        spread = batch.values * 40 + 3  # spread over the vocabulary
+        return FeatureBatch(spread, batch.offsets, batch.weights, combiner, (samples,))
+
+    steps = [[[clustered(300, "mean", True), clustered(200, "sum", False)]] for _ in range(3)]
+    got = run_both([state], steps)[0]
+    assert_states_match(got, state, before, ~touched_in_any(steps, 0, vocab))
+
+
 def test_shared_table_and_mixed_optimizers_in_one_step() -> None:
     """Two features on one table sum their gradients; tables with different optimizers (and
     the same optimizer with different settings) are updated in the same step."""

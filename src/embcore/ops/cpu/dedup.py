@@ -14,12 +14,15 @@ Occurrences are added in the reference's order, so the sums agree to the last bi
 activation gradients are read sequentially and new rows are appended, so the pass streams;
 the block lives in a workspace reused across steps. Dedup uses the table's persistent
 sparse-set index (:func:`.layout.positions`), never an allocation proportional to the
-vocabulary. Workers claim tables, biggest first; the per-row optimizer pass (:mod:`.rules`) then
-runs over unique rows.
+vocabulary; a table with few ids for its vocabulary (a hash table of at most ``HASH_SLOTS``
+slots, smaller than the index) uses a batch-sized open-addressing hash table instead, which
+stays in cache where the index costs a miss per id. Workers claim tables, biggest first; the
+per-row optimizer pass (:mod:`.rules`) then runs over unique rows.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from embcore.ops.cpu._address import (
@@ -52,6 +55,10 @@ __all__ = ["out_of_range", "table_gradients", "unique_gradients"]
 PREFETCH_IDS = 16
 #: how many samples ahead the activation-gradient row is prefetched
 PREFETCH_SAMPLES = 4
+#: the largest hash table (slots of 12 bytes) used instead of the per-table index
+HASH_SLOTS = 1 << 15
+#: Fibonacci hashing: the top bits of ``id * 2^64 / golden ratio`` (wrapping int64 product)
+HASH_MULTIPLIER = -7046029254386353131
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -69,6 +76,16 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
     rows = unique[base[t] :]
     block = f32_matrix(gradients.ctypes.data + 4 * offset[t], base[t + 1] - base[t], dim)
     n = 0  # distinct rows so far
+    # a batch-sized hash table (open addressing) when it is smaller than the index: its
+    # lines stay in cache, where the index costs a cache miss per id
+    size = base[t + 1] - base[t]
+    bits = 1
+    while (1 << bits) < 2 * size:
+        bits += 1
+    hashed = (1 << bits) <= HASH_SLOTS and 12 * (1 << bits) < 4 * vocab
+    mask = (1 << bits) - 1 if hashed else 0
+    keys = np.full(mask + 1, -1, dtype=np.int64)
+    slots = np.empty(mask + 1, dtype=np.int32)
     for f in range(first[t], first[t + 1]):
         feat = features[f]
         samples, combiner, weights = feat[F_SAMPLES], feat[F_COMBINER], feat[F_WEIGHTS]
@@ -85,7 +102,7 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
                 for line in range(0, 4 * dim, 64):
                     prefetch(ahead + line)
             for j in range(lo, hi):
-                if j + PREFETCH_IDS < ids:
+                if not hashed and j + PREFETCH_IDS < ids:
                     ahead = values[j + PREFETCH_IDS]
                     if 0 <= ahead < vocab:
                         prefetch(tables[t, T_POSITIONS] + 4 * ahead)
@@ -94,10 +111,21 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
                     bad += 1
                     continue
                 g = gain(weights, j, scale, combiner)
-                u = pos[r]
-                if u < 0 or u >= n or rows[u] != r:  # first occurrence: a new row
+                if hashed:
+                    h = ((r * HASH_MULTIPLIER) >> (64 - bits)) & mask
+                    while keys[h] != r and keys[h] != -1:
+                        h = (h + 1) & mask
+                    new = keys[h] == -1
+                    if new:
+                        keys[h], slots[h] = r, n
+                    u = slots[h]
+                else:
+                    u = pos[r]
+                    new = u < 0 or u >= n or rows[u] != r
+                    if new:
+                        pos[r] = n
+                if new:  # first occurrence: a new row
                     u = n
-                    pos[r] = u
                     rows[u] = r
                     n += 1
                     out = block[u]
