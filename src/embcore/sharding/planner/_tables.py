@@ -8,10 +8,13 @@ from typing import Any
 
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.optimizers.base import Optimizer
-from embcore.sharding.schemes import PlannedTable
+from embcore.sharding.schemes import PlannedTable, is_dynamic
 from embcore.sharding.schemes._cost import F32_BYTES
 
-__all__ = ["Resolved", "planned_tables", "resolved"]
+__all__ = ["DYNAMIC_EXPECTED_ROWS", "Resolved", "expected_rows", "planned_tables", "resolved"]
+
+#: The rows the planner expects a dynamic table without ``max_rows`` to hold.
+DYNAMIC_EXPECTED_ROWS = 1 << 20
 
 #: ``(features, tables)`` as :func:`embcore.config.resolve` returns them.
 Resolved = tuple[list[ResolvedFeature], list[ResolvedTable]]
@@ -46,20 +49,32 @@ def planned_tables(
         if stats is not None and t.name in stats:
             ids_per_example, unique_ratio = _stat(stats[t.name], t.name)
         ids = batch_size * ids_per_example
+        rows = expected_rows(t)
         out.append(
             PlannedTable(
                 name=t.name,
-                vocab=t.vocabulary_size,
+                vocab=rows,
                 dim=t.dim,
                 col_bytes=F32_BYTES * (1 + sum(not s.rowwise for s in specs)),
                 row_bytes=F32_BYTES * sum(s.rowwise for s in specs),
                 samples=float(samples),
                 ids=ids,
-                unique=min(float(t.vocabulary_size), ids * unique_ratio),
+                unique=min(float(rows), ids * unique_ratio),
                 element_wise=not any(s.rowwise for s in specs),
+                dynamic=is_dynamic(t),
             )
         )
     return out
+
+
+def expected_rows(table: ResolvedTable) -> int:
+    """The rows a table holds: its vocabulary, or for a dynamic table its eviction's
+    ``max_rows`` (a total over the ranks), else :data:`DYNAMIC_EXPECTED_ROWS`."""
+    if not is_dynamic(table):
+        return table.vocabulary_size
+    eviction = getattr(table.config, "eviction", None)
+    max_rows = getattr(eviction, "max_rows", None)
+    return DYNAMIC_EXPECTED_ROWS if max_rows is None else int(max_rows)
 
 
 def _stat(value: Any, name: str) -> tuple[float, float]:

@@ -1,0 +1,119 @@
+"""Dynamic tables placed by key hash on 2 gloo ranks equal one process on the concatenated
+batches, bit for bit: activations, evaluation lookups, the keys holding a row after every
+step (admission, steps-to-live and max-rows eviction), the rows, and the whole table state
+(counts, last-seen steps, pending counts, slots). State dicts move between 2 ranks and one
+process (keys re-hashed onto the ranks)."""
+
+from __future__ import annotations
+
+import itertools
+
+import dynamic_sharding_harness as d
+import numpy as np
+import pytest
+import sharding_harness as h
+import torch
+
+from embcore.sharding.keyhash import key_shard
+
+pytestmark = pytest.mark.multiprocess
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("dynamic")
+    ref = d.engine(None)
+    steps = d.train(ref, list(range(WORLD)), range(d.STEPS))
+    state = {k: torch.as_tensor(v).clone() for k, v in ref.state_dict().items()}
+    torch.save(state, tmp / "reference.pt")
+    resumed = d.train(ref, list(range(WORLD)), range(d.STEPS, d.STEPS + 2))
+    interleaved = d.interleaved(d.engine(None), list(range(WORLD)))
+    ranks = h.launch(
+        "dynamic_sharding_harness:worker_dynamic",
+        WORLD,
+        str(tmp / "reference.pt"),
+        str(tmp / "ckpt"),
+    )
+    return {
+        "steps": steps,
+        "state": state,
+        "resumed": resumed,
+        "interleaved": interleaved,
+        "ranks": ranks,
+    }
+
+
+def own_rows(value: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+    """The rows of ``value`` (over every rank's samples) that are ``rank``'s."""
+    start = sum(4 + r for r in range(rank))
+    return value[start : start + 4 + rank]
+
+
+def assert_same_steps(got: list[dict], want: list[dict], rank: int, first: int) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        step = first + i
+        for name in ("acts", "eval"):
+            for feature, value in w[name].items():
+                mine = own_rows(value, step, rank)
+                assert torch.equal(g[name][feature], mine), (rank, step, name, feature)
+        assert torch.equal(g["keys"], w["keys"]), (rank, step, g["keys"], w["keys"])
+        assert torch.equal(g["probe"], w["probe"]), (rank, step)
+        assert g["state"].keys() == w["state"].keys(), (rank, step)
+        for k, v in w["state"].items():
+            assert torch.equal(g["state"][k], v), (rank, step, k)
+
+
+def test_training_with_admission_and_eviction_equals_one_process(runs: dict):
+    for rank in range(WORLD):
+        assert_same_steps(runs["ranks"][rank]["steps"], runs["steps"], rank, 0)
+
+
+def test_updates_use_the_rows_of_their_training_lookup(runs: dict):
+    # Two lookups before their updates: the first's gradients go to the rows its lookup read
+    # (none for keys admitted by the second lookup), the second's to the rows that survived
+    # the first update's eviction. ("eval" holds the second lookup's activations here.)
+    for rank in range(WORLD):
+        got = runs["ranks"][rank]["interleaved"]
+        for g, w, step in zip(got, runs["interleaved"], (0, 2), strict=True):
+            for name, value in w["acts"].items():
+                assert torch.equal(g["acts"][name], own_rows(value, step, rank)), (rank, name)
+            for name, value in w["eval"].items():
+                assert torch.equal(g["eval"][name], own_rows(value, step, rank)), (rank, name)
+            assert torch.equal(g["keys"], w["keys"]) and torch.equal(g["probe"], w["probe"])
+            for k, v in w["state"].items():
+                assert torch.equal(g["state"][k], v), (rank, step, k)
+
+
+def test_the_scenario_exercises_admission_and_both_evictions(runs: dict):
+    # The comparison above is only as sharp as the scenario: keys were pending, expired and
+    # evicted beyond max_rows, and the held keys split unevenly over the shards at the
+    # limit (a per-shard share of max_rows, 4 each, would have evicted other keys).
+    held = [s["keys"] for s in runs["steps"]]
+    assert all(k.numel() <= d.MAX_ROWS for k in held)
+    assert any(k.numel() == d.MAX_ROWS for k in held)
+    assert any(s["state"]["user.pending/keys"].numel() for s in runs["steps"])
+    gone = [set(a.tolist()) - set(b.tolist()) for a, b in itertools.pairwise(held)]
+    assert any(gone)
+    splits = [np.bincount(key_shard(k, WORLD).numpy(), minlength=WORLD) for k in held]
+    assert any(k.numel() == d.MAX_ROWS and max(s) > d.MAX_ROWS // WORLD for k, s in
+               zip(held, splits, strict=True))  # fmt: skip
+
+
+def test_state_dicts_move_between_two_ranks_and_one_process(runs: dict):
+    # 2 ranks -> 1 process: the sharded state dict is the single-process one.
+    for rank in range(WORLD):
+        got = runs["ranks"][rank]["state_dict"]
+        assert got.keys() == runs["state"].keys()
+        for k, v in runs["state"].items():
+            assert torch.equal(got[k], torch.as_tensor(v)), (rank, k)
+    # 1 process -> 2 ranks: loading re-hashes the keys onto the ranks; training goes on as in
+    # the process that wrote the state.
+    for rank in range(WORLD):
+        assert_same_steps(runs["ranks"][rank]["resumed"], runs["resumed"], rank, d.STEPS)
+
+
+def test_a_sharded_checkpoint_of_a_dynamic_table_is_refused_by_name(runs: dict):
+    for rank in range(WORLD):
+        message = runs["ranks"][rank]["checkpoint"]
+        assert message is not None and "dynamic tables" in message and "['user']" in message
