@@ -23,11 +23,14 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> object:
     # Submodules with heavier imports (torch.distributed.checkpoint), loaded on first use:
-    # ec.checkpoint.save(...), ec.sharding.plan(...).
-    if name in ("checkpoint", "sharding"):
-        import importlib
+    # ec.checkpoint.save(...), ec.sharding.plan(...); the dynamic tables' configs load the
+    # dynamic package's kernels, so they too: ec.CountAdmission, ec.Eviction.
+    import importlib
 
+    if name in ("checkpoint", "sharding"):
         return importlib.import_module(f"embcore.{name}")
+    if name in ("CountAdmission", "Eviction"):
+        return getattr(importlib.import_module("embcore.dynamic.policy"), name)
     raise AttributeError(f"module 'embcore' has no attribute {name!r}")
 
 
@@ -37,7 +40,9 @@ __all__ = [
     "Adagrad",
     "AdagradMomentum",
     "Adam",
+    "CountAdmission",
     "EmbeddingEngine",
+    "Eviction",
     "FeatureBatch",
     "FeatureConfig",
     "Optimizer",

@@ -39,36 +39,47 @@ class TableConfig:
     """One embedding table. Tables are shared between features by object identity.
 
     Args:
-        vocabulary_size: number of rows, an int >= 1 (NumPy ints accepted).
+        vocabulary_size: number of rows, an int >= 1 (NumPy ints accepted); ``None`` makes a
+            *dynamic* table: any int64 id is a key that gets its own row when admitted
+            (docs/dynamic_tables.md).
         dim: width of a row, an int >= 1.
         initializer: ``initializer(shape, dtype=torch.float32)`` returning the full table, or
             ``None`` for a truncated normal with mean 0 and std ``1/sqrt(dim)``, cut at 2 std,
-            seeded by the engine's seed and the table name.
+            seeded by the engine's seed and the table name. A dynamic table calls it with
+            ``(n_new, dim)`` for the keys admitted in one lookup, in ascending key order;
+            its default draws each key's row from ``(seed, table name, key)`` alone.
         optimizer: this table's optimizer; ``None`` uses the engine's global optimizer.
         combiner: ``"mean"``, ``"sum"`` or ``"sqrtn"``: how a sample's ids are combined.
         name: unique table name; ``None`` becomes ``table_<i>`` by first use
             (docs/semantics.md §1.13).
         safe_lookup: prune like ``safe_embedding_lookup_sparse`` (docs/semantics.md §2.8): drop ids
             < 0 and, for mean/sqrtn, ids with weight <= 0. Off by default: such ids are errors.
+            Not for dynamic tables (negative ids are keys there).
+        admission: a dynamic table's ``CountAdmission``; ``None`` admits on first sight.
+        eviction: a dynamic table's ``Eviction``; ``None`` never evicts.
     """
 
-    vocabulary_size: int
+    vocabulary_size: int | None
     dim: int
     initializer: Initializer | None = None
     optimizer: Optimizer | None = None
     combiner: Combiner = "mean"
     name: str | None = None
     safe_lookup: bool = False
+    admission: Any = None
+    eviction: Any = None
 
     def __post_init__(self) -> None:
         owner = f"TableConfig(name={self.name!r})"
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise ValueError(f"{owner}: name must be a non-empty str or None, got {self.name!r}")
-        object.__setattr__(
-            self,
-            "vocabulary_size",
-            check_int(owner, "vocabulary_size", self.vocabulary_size, minimum=1),
-        )
+        if self.vocabulary_size is not None:
+            object.__setattr__(
+                self,
+                "vocabulary_size",
+                check_int(owner, "vocabulary_size", self.vocabulary_size, minimum=1),
+            )
+        _check_dynamic(owner, self)
         object.__setattr__(self, "dim", check_int(owner, "dim", self.dim, minimum=1))
         if self.initializer is not None and not callable(self.initializer):
             raise ValueError(
@@ -85,6 +96,33 @@ class TableConfig:
                 f"{owner}: combiner must be one of {list(COMBINERS)}, got {self.combiner!r}"
             )
         check_bool(owner, "safe_lookup", self.safe_lookup)
+
+
+def _check_dynamic(owner: str, table: TableConfig) -> None:
+    """``admission`` / ``eviction`` only on dynamic tables, and of the right types."""
+    if table.vocabulary_size is not None:
+        for field_name in ("admission", "eviction"):
+            if getattr(table, field_name) is not None:
+                raise ValueError(
+                    f"{owner}: {field_name}= is for dynamic tables (vocabulary_size=None), "
+                    f"got vocabulary_size={table.vocabulary_size}"
+                )
+        return
+    # the dynamic package loads its kernels on import: only engines with dynamic tables pay
+    from embcore.dynamic.policy import CountAdmission, Eviction
+
+    for field_name, kind in (("admission", CountAdmission), ("eviction", Eviction)):
+        value = getattr(table, field_name)
+        if value is not None and not isinstance(value, kind):
+            raise ValueError(
+                f"{owner}: {field_name} must be an embcore.{kind.__name__} or None, got "
+                f"{describe(value)}"
+            )
+    if table.safe_lookup:
+        raise ValueError(
+            f"{owner}: safe_lookup=True drops ids < 0, but every int64 id is a key of a "
+            "dynamic table (vocabulary_size=None); leave safe_lookup off"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,8 +190,14 @@ class ResolvedTable:
     features: tuple[int, ...] = field(default=())
 
     @property
-    def vocabulary_size(self) -> int:
+    def vocabulary_size(self) -> int | None:
+        """Rows of a fixed table; ``None`` for a dynamic one."""
         return self.config.vocabulary_size
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether any int64 id is a key of this table (``vocabulary_size=None``)."""
+        return self.config.vocabulary_size is None
 
     @property
     def dim(self) -> int:

@@ -431,7 +431,8 @@ def to_feature_batch(
     combiner = "sum" if sequence else table.combiner
     if table.config.safe_lookup:
         values, offsets, w = _prune(table, combiner, values, offsets, w)
-    check_range(name, table.name, table.vocabulary_size, values)
+    if table.vocabulary_size is not None:  # a dynamic table's ids are any int64 keys
+        check_range(name, table.name, table.vocabulary_size, values)
     if feature.config.output_shape is not None:
         shape = _resolve_output_shape(feature, offsets.numel() - 1)
     values, offsets = _owned(values, borrowed, device), _owned(offsets, borrowed, device)

@@ -44,7 +44,7 @@ class ListStore:
     def _tensor(self, t: int, name: str) -> torch.Tensor:
         return self.states[t].weight if name == "weight" else self.states[t].slots[name]
 
-    def lookup(self, features, out):
+    def lookup(self, features, out, training=False):
         self.lookups += 1
         return ops.lookup(self.backend, self.states, features, out=out)
 

@@ -103,6 +103,7 @@ def observe(e: ec.EmbeddingEngine) -> dict[str, Any]:
     """What a step leaves: keys holding a row, probe rows, the dynamic table's whole state."""
     state = e.state_dict()
     return {
+        "info": e.table_info("user"),
         "keys": e.table_keys("user"),
         "probe": e.table_rows("user", PROBE),
         "state": {k: torch.as_tensor(v).clone() for k, v in state.items() if k.startswith("user.")},

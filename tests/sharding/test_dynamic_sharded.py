@@ -27,7 +27,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     steps = d.train(ref, list(range(WORLD)), range(d.STEPS))
     state = {k: torch.as_tensor(v).clone() for k, v in ref.state_dict().items()}
     torch.save(state, tmp / "reference.pt")
-    resumed = d.train(ref, list(range(WORLD)), range(d.STEPS, d.STEPS + 2))
+    fresh = d.engine(None)  # as the ranks resume: a new engine loading the state
+    fresh.load_state_dict(torch.load(tmp / "reference.pt", weights_only=False))
+    resumed = d.train(fresh, list(range(WORLD)), range(d.STEPS, d.STEPS + 2))
     interleaved = d.interleaved(d.engine(None), list(range(WORLD)))
     ranks = h.launch(
         "dynamic_sharding_harness:worker_dynamic",
@@ -58,6 +60,7 @@ def assert_same_steps(got: list[dict], want: list[dict], rank: int, first: int) 
                 mine = own_rows(value, step, rank)
                 assert torch.equal(g[name][feature], mine), (rank, step, name, feature)
         assert torch.equal(g["keys"], w["keys"]), (rank, step, g["keys"], w["keys"])
+        assert g["info"] == w["info"], (rank, step)
         assert torch.equal(g["probe"], w["probe"]), (rank, step)
         assert g["state"].keys() == w["state"].keys(), (rank, step)
         for k, v in w["state"].items():
@@ -81,6 +84,7 @@ def test_updates_use_the_rows_of_their_training_lookup(runs: dict):
             for name, value in w["eval"].items():
                 assert torch.equal(g["eval"][name], own_rows(value, step, rank)), (rank, name)
             assert torch.equal(g["keys"], w["keys"]) and torch.equal(g["probe"], w["probe"])
+            assert g["info"] == w["info"], (rank, step)
             for k, v in w["state"].items():
                 assert torch.equal(g["state"][k], v), (rank, step, k)
 
@@ -90,6 +94,7 @@ def test_the_scenario_exercises_admission_and_both_evictions(runs: dict):
     # evicted beyond max_rows, and the held keys split unevenly over the shards at the
     # limit (a per-shard share of max_rows, 4 each, would have evicted other keys).
     held = [s["keys"] for s in runs["steps"]]
+    assert runs["steps"][-1]["info"]["dropped_gradients"] > 0
     assert all(k.numel() <= d.MAX_ROWS for k in held)
     assert any(k.numel() == d.MAX_ROWS for k in held)
     assert any(s["state"]["user.pending/keys"].numel() for s in runs["steps"])

@@ -99,6 +99,11 @@ class KeySpace:
         return self._index.num_rows
 
     @property
+    def num_free(self) -> int:
+        """Rows freed by eviction, which new keys take before new rows are added."""
+        return self._index.num_free
+
+    @property
     def pending(self) -> PendingCounts | None:
         """The pending keys' counts (``None`` when every key is admitted on first sight)."""
         return self._pending

@@ -43,7 +43,7 @@ class LookupWithUpdate(torch.autograd.Function):
     def forward(ctx: Any, anchor: Tensor, engine: Any, batches: list) -> Any:
         ctx.engine, ctx.batches, ctx.applied = engine, batches, False
         ctx.set_materialize_grads(False)
-        return tuple(engine._lookup(batches))
+        return tuple(engine._lookup(batches, training=True))
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
@@ -60,7 +60,7 @@ class StackedLookupWithUpdate(torch.autograd.Function):
         ctx.engine, ctx.batches, ctx.applied = engine, batches, False
         ctx.set_materialize_grads(False)
         out = torch.empty(shape, dtype=torch.float32, device=engine.device)
-        engine._lookup(batches, out=out)
+        engine._lookup(batches, out=out, training=True)
         return out
 
     @staticmethod

@@ -25,6 +25,7 @@ from embcore._validate import check_int
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature
+from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import (
     check_gradients,
@@ -34,7 +35,7 @@ from embcore.engine._gradients import (
 )
 from embcore.engine._pipeline import UpdatePipeline, pipelining
 from embcore.engine._rates import learning_rates
-from embcore.engine._state_dict import check_state_dict, state_items
+from embcore.engine._state_dict import load_state, save_state
 from embcore.engine._store import (
     CounterTensor,
     StoreConfig,
@@ -53,7 +54,7 @@ from embcore.stats import StatsCollector
 __all__ = ["EmbeddingEngine"]
 
 
-class EmbeddingEngine(EnqueueDequeue, nn.Module):
+class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
     Args:
@@ -135,6 +136,7 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
             stochastic_rounding,
         )
         self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
+        self._dynamic = any(t.dynamic for t in self._tables)
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
         self.skipped_steps = 0
         self._pending: Pending | None = None
@@ -216,7 +218,7 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
 
     def extra_repr(self) -> str:
         parts = [
-            f"{t.name}: {t.vocabulary_size}x{t.dim} {t.combiner} "
+            f"{t.name}: {'dynamic ' if t.dynamic else t.vocabulary_size}x{t.dim} {t.combiner} "
             f"{type(t.optimizer).__name__ if t.optimizer else 'no optimizer'}"
             for t in self._tables
         ]
@@ -224,38 +226,15 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
 
     # ------------------------------------------------------------------------ state dict
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        """``step``, then ``{table}.weight`` and ``{table}.{slot}``: full logical tensors
-        (gathered from every rank for sharded tables: a collective)."""
-        self.flush()  # a checkpoint drains the pipeline, as a TPU training loop ends drained
-        destination[f"{prefix}step"] = self._step if keep_vars else self._step.detach()
-        items = state_items(self._tables)
-        for key, value in zip(items, self.store.gather(list(items.values())), strict=True):
-            destination[prefix + key] = value if keep_vars else value.detach()
+        """``step``, then ``{table}.weight`` and ``{table}.{slot}`` (``_state_dict``)."""
+        save_state(self, destination, prefix, keep_vars)
 
     def _load_from_state_dict(
-        self,
-        state_dict: dict,
-        prefix: str,
-        local_metadata: dict,
-        strict: bool,
-        missing_keys: list,
-        unexpected_keys: list,
-        error_msgs: list,
+        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool, *lists: list
     ) -> None:
-        items = {prefix + k: v for k, v in state_items(self._tables).items()}
-        expected = {f"{prefix}step": ()} | {k: self.store.shape(*v) for k, v in items.items()}
-        missing, unexpected, errors = check_state_dict(state_dict, prefix, expected)
-        missing_keys.extend(missing)
-        unexpected_keys.extend(unexpected)
+        missing_keys, unexpected_keys, error_msgs = lists
+        errors = load_state(self, state_dict, prefix, strict, missing_keys, unexpected_keys)
         error_msgs.extend(errors)
-        if errors or (strict and (missing or unexpected)):
-            return  # load nothing: a failed load leaves the engine as it was
-        self._pipeline.wait()
-        with torch.no_grad():
-            self.store.load_full([(*v, state_dict[k]) for k, v in items.items() if k in state_dict])
-            if f"{prefix}step" in state_dict:
-                self._step.copy_(state_dict[f"{prefix}step"])
-        self.discard_pending()
 
     def checkpoint_tensors(self) -> list[StoredTensor]:
         """``step`` and every stored tensor (:meth:`TableStore.tensors`), as checkpoints
@@ -306,16 +285,21 @@ class EmbeddingEngine(EnqueueDequeue, nn.Module):
     def _by_table(self, flat: list[Any]) -> list[list[Any]]:
         return [[flat[i] for i in t.features] for t in self._tables]
 
-    def _lookup(self, batches: list[FeatureBatch], out: Tensor | None = None) -> list[Tensor]:
+    def _lookup(
+        self, batches: list[FeatureBatch], out: Tensor | None = None, training: bool = False
+    ) -> list[Tensor]:
         """``(S_f, dim)`` activations of every feature, flat in feature order; with ``out``
-        (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices."""
+        (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices. ``training``: a
+        training lookup (dynamic tables count and admit its keys)."""
+        if training and self._dynamic:  # rows may move or go at the pending update's end
+            self._pipeline.flush()
         self._pipeline.wait()
         slices = None
         if out is not None:
             flat_out = out.view(-1, len(batches), out.shape[-1])
             slices = self._by_table([flat_out[:, f, :] for f in range(len(batches))])
         with torch.no_grad():
-            per_table = self.store.lookup(self._by_table(batches), slices)
+            per_table = self.store.lookup(self._by_table(batches), slices, training)
         # pipelined: the previous step's update lands after this step's lookup; on the CPU it
         # runs in the background while the caller computes on these activations
         self._pipeline.after_lookup(self.store.background_updates)

@@ -73,7 +73,7 @@ class EnqueueDequeue:
         pending = self._pending
         if pending is None or pending.dequeued:
             raise RuntimeError("EmbeddingEngine.dequeue: no batch enqueued; call enqueue() first")
-        flat = self._lookup(pending.batches)
+        flat = self._lookup(pending.batches, training=pending.training)
         if pending.training:
             flat = [a.requires_grad_(True) for a in flat]
             pending.dequeued = True

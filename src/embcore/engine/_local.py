@@ -2,7 +2,9 @@
 
 Each table's weight and slots are buffers of this module (so ``.to(device)`` and
 ``share_memory()`` move them with the model); the backend works on :class:`ops.TableState`
-views of them. See docs/architecture.md.
+views of them. A dynamic table's buffers grow, and its batches are mapped from keys to rows
+by :class:`embcore.dynamic.store.DynamicRows` before the kernels see them. See
+docs/architecture.md and docs/dynamic_tables.md.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import torch
 from torch import Tensor, nn
 
 from embcore import ops
+from embcore.config import ResolvedTable
 from embcore.engine._store import Chunks, StoreConfig, stored_names
 from embcore.initializers import initial_rows, initial_slots
 from embcore.inputs import FeatureBatch
 from embcore.stats import StatsCollector, StatsTable
 
 if TYPE_CHECKING:
+    from embcore.dynamic.store import DynamicRows
     from embcore.sharding.comm import Comm
 
 __all__ = ["LocalStore", "LocalTensor"]
@@ -62,8 +66,13 @@ class LocalStore(nn.Module):
         self.tables = config.tables
         self.backend = config.backend
         self.stochastic_rounding = config.stochastic_rounding
+        #: table index -> its key space and row mapping, for dynamic tables
+        self.dynamic: dict[int, DynamicRows] = {}
         for table in self.tables:
             cfg = table.config
+            if table.dynamic:
+                self._add_dynamic(table, config)
+                continue
             weight = initial_rows(
                 table.name, cfg.vocabulary_size, cfg.dim, cfg.initializer, config.seed
             ).to(device=config.device, dtype=config.storage_dtype)
@@ -71,6 +80,30 @@ class LocalStore(nn.Module):
             for name, value in initial_slots(table, weight).items():
                 self.register_buffer(f"s{table.index}_{name}", value)
         self._states_cache: tuple[tuple[Tensor, ...], list[ops.TableState]] | None = None
+
+    def _add_dynamic(self, table: ResolvedTable, config: StoreConfig) -> None:
+        from embcore.dynamic.store import DynamicRows  # loads the index kernels: only if used
+
+        if table.optimizer is not None and table.optimizer.slot_variable_creation_fn:
+            raise ValueError(
+                f"table '{table.name}': slot_variable_creation_fn is not supported for dynamic "
+                "tables (vocabulary_size=None): new rows take the slots' initial values"
+            )
+        for name, value in DynamicRows.initial_buffers(
+            table, config.device, config.storage_dtype
+        ).items():
+            self.register_buffer(
+                f"w{table.index}" if name == "weight" else f"s{table.index}_{name}", value
+            )
+        t = table.index
+        self.dynamic[t] = DynamicRows(
+            table,
+            config.seed,
+            lambda name: self._tensor(t, name),
+            lambda name, value: setattr(
+                self, f"w{t}" if name == "weight" else f"s{t}_{name}", value
+            ),
+        )
 
     # ----------------------------------------------------------------------------- state
     def _tensor(self, table: int, name: str) -> Tensor:
@@ -137,8 +170,16 @@ class LocalStore(nn.Module):
 
     # ------------------------------------------------------------------------ the step
     def lookup(
-        self, features: Sequence[Sequence[FeatureBatch]], out: Sequence[Sequence[Tensor]] | None
+        self,
+        features: Sequence[Sequence[FeatureBatch]],
+        out: Sequence[Sequence[Tensor]] | None,
+        training: bool = False,
     ) -> list[list[Tensor]]:
+        if self.dynamic:
+            features = [
+                self.dynamic[t].map(b, training) if t in self.dynamic else b
+                for t, b in enumerate(features)
+            ]
         return ops.lookup(self.backend, self._states(), features, out=out)
 
     def update(
@@ -148,7 +189,14 @@ class LocalStore(nn.Module):
         rates: Sequence[float],
         step: int,
     ) -> None:
+        if self.dynamic:
+            features = [
+                self.dynamic[t].for_update(b) if t in self.dynamic else b
+                for t, b in enumerate(features)
+            ]
         ops.update(self.backend, self._states(), features, grads, rates, step)
+        for rows in self.dynamic.values():
+            rows.end_step()
 
     def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:
         if error is not None:
@@ -157,16 +205,65 @@ class LocalStore(nn.Module):
 
     # ---------------------------------------------------------------- whole tensors
     def gather(self, items: Sequence[tuple[int, str]]) -> list[Tensor]:
-        return [self._tensor(t, name) for t, name in items]
+        """Live tensors; for a dynamic table a copy of its rows in ascending key order."""
+        return [
+            self.dynamic[t].rows(self.dynamic[t].keys(), name)
+            if t in self.dynamic
+            else self._tensor(t, name)
+            for t, name in items
+        ]
 
     def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
         for t, name, value in items:
+            if t in self.dynamic:
+                raise ValueError(
+                    f"table '{self.tables[t].name}' is dynamic: its rows are loaded with "
+                    "their keys (load_dynamic_state), not as a whole tensor"
+                )
             self._tensor(t, name).copy_(value)
 
     def shape(self, table: int, name: str) -> tuple[int, ...]:
+        if table in self.dynamic:
+            return (len(self.dynamic[table].space), *self._tensor(table, name).shape[1:])
         return tuple(self._tensor(table, name).shape)
 
+    # ---------------------------------------------------------------- dynamic tables
+    def table_keys(self, table: int) -> Tensor:
+        """``(R,) int64`` ascending: the keys of dynamic table ``table`` holding a row."""
+        return torch.from_numpy(self.dynamic[table].keys())
+
+    def table_rows(self, table: int, keys: Tensor) -> Tensor:
+        """``(N, dim)`` rows of ``keys`` (``(N,) int64``), zeros without a row; inserts nothing."""
+        return self.dynamic[table].rows(keys.cpu().numpy()).to(torch.float32)
+
+    def table_info(self, table: int) -> dict[str, int]:
+        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``)."""
+        rows = self.dynamic[table]
+        pending = rows.space.pending
+        return {
+            "rows": len(rows.space),
+            "pending": 0 if pending is None else len(pending),
+            "dropped_gradients": rows.dropped_gradients,
+            "step": rows.space.step,
+        }
+
+    def dynamic_state(self, table: int) -> dict[str, Any]:
+        """Dynamic table ``table``'s whole content: :meth:`KeySpace.state` (``step``, ``keys``,
+        ``freq``, ``last_seen``, ``pending/...`` NumPy arrays, by ascending key) plus
+        ``weight`` and each slot as ``(R, ...)`` tensors in key order."""
+        return self.dynamic[table].state()
+
+    def load_dynamic_state(self, table: int, state: dict[str, Any]) -> None:
+        """Replace dynamic table ``table``'s content with a :meth:`dynamic_state`."""
+        self.dynamic[table].load_state(state)
+
     def tensors(self) -> list[LocalTensor]:
+        if self.dynamic:
+            names = [self.tables[t].name for t in self.dynamic]
+            raise ValueError(
+                f"checkpoints of dynamic tables (vocabulary_size=None) are not supported yet: "
+                f"tables {names}; save their content with engine.state_dict()"
+            )
         return [
             LocalTensor(f"{t.name}.{name}", self._tensor(t.index, name))
             for t in self.tables

@@ -1,8 +1,10 @@
 """The engine's ``state_dict`` layout: ``step``, ``{table}.weight``, ``{table}.{slot}``.
 
 Keys and shapes are the logical tables' whatever the store (a sharded engine's state dict
-equals the single-process one's), so state dicts move between stores. See
-docs/architecture.md.
+equals the single-process one's), so state dicts move between stores. A dynamic table's
+entries are its keys and everything stored per key (``{table}.keys``, ``{table}.weight``,
+``{table}.{slot}``, ``{table}.freq``, ...: docs/dynamic_tables.md), ``(R, ...)`` in key
+order. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from embcore.config import ResolvedTable
 from embcore.engine._store import stored_names
 
-__all__ = ["check_state_dict", "state_items"]
+__all__ = ["check_state_dict", "load_state", "save_state", "state_items"]
 
 
 def state_items(tables: Sequence[ResolvedTable]) -> dict[str, tuple[int, str]]:
@@ -39,3 +42,65 @@ def check_state_dict(
             errors.append(f"{key}: expected shape {shape}, got {got}")
     unexpected = [k for k in state_dict if k.startswith(prefix) and k not in expected]
     return missing, unexpected, errors
+
+
+def save_state(engine: Any, destination: dict, prefix: str, keep_vars: bool) -> None:
+    """``engine``'s ``_save_to_state_dict``: ``step``, then every table's tensors (full
+    logical tensors, gathered from every rank for sharded tables: a collective)."""
+    engine.flush()  # a checkpoint drains the pipeline, as a TPU training loop ends drained
+    destination[f"{prefix}step"] = engine._step if keep_vars else engine._step.detach()
+    items = state_items([t for t in engine.tables if not t.dynamic])
+    gathered = dict(zip(items, engine.store.gather(list(items.values())), strict=True))
+    for table in engine.tables:
+        if table.dynamic:
+            state = engine.store.dynamic_state(table.index)
+            for name, value in state.items():
+                destination[f"{prefix}{table.name}.{name}"] = torch.as_tensor(value)
+            continue
+        for key in state_items([table]):
+            value = gathered[key]
+            destination[prefix + key] = value if keep_vars else value.detach()
+
+
+def load_state(
+    engine: Any, state_dict: dict, prefix: str, strict: bool, missing: list, unexpected: list
+) -> list[str]:
+    """``engine``'s ``_load_from_state_dict``: extends ``missing`` and ``unexpected``, loads
+    nothing when a value is wrong (the messages are returned) or, with ``strict``, a key is
+    missing or unexpected."""
+    items = {prefix + k: v for k, v in state_items(engine.tables).items()}
+    expected = {f"{prefix}step": ()} | {
+        k: engine.store.shape(*v) for k, v in items.items() if not engine.tables[v[0]].dynamic
+    }
+    dynamic: dict[int, dict[str, Any]] = {}
+    lacking: list[str] = []
+    for table in engine.tables:
+        if table.dynamic:
+            head = f"{prefix}{table.name}."
+            given = {k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head)}
+            for name in ("keys", *(n for n in _names(items, table.index))):
+                if name not in given:
+                    lacking.append(head + name)
+            expected |= {head + k: tuple(getattr(v, "shape", ())) for k, v in given.items()}
+            dynamic[table.index] = given
+    absent, extra, errors = check_state_dict(state_dict, prefix, expected)
+    lacking += absent
+    missing.extend(lacking)
+    unexpected.extend(extra)
+    if errors or (strict and (lacking or extra)):
+        return errors  # load nothing: a failed load leaves the engine as it was
+    engine._pipeline.wait()
+    with torch.no_grad():
+        fixed = [(*v, state_dict[k]) for k, v in items.items() if k in state_dict]
+        engine.store.load_full([x for x in fixed if not engine.tables[x[0]].dynamic])
+        for t, given in dynamic.items():
+            if "keys" in given:
+                engine.store.load_dynamic_state(t, given)
+        if f"{prefix}step" in state_dict:
+            engine._step.copy_(state_dict[f"{prefix}step"])
+    engine.discard_pending()
+    return []
+
+
+def _names(items: Mapping[str, tuple[int, str]], table: int) -> list[str]:
+    return [name for t, name in items.values() if t == table]

@@ -185,10 +185,15 @@ class TableStore(Protocol):
         ...
 
     def lookup(
-        self, features: Sequence[Sequence[FeatureBatch]], out: Sequence[Sequence[Tensor]] | None
+        self,
+        features: Sequence[Sequence[FeatureBatch]],
+        out: Sequence[Sequence[Tensor]] | None,
+        training: bool = False,
     ) -> list[list[Tensor]]:
         """For each table, one ``(S_f, dim) float32`` activation per feature (written into
-        ``out``'s tensors and returned, when given)."""
+        ``out``'s tensors and returned, when given). ``training``: an update of these batches
+        may follow (dynamic tables count, admit and refresh their keys; an evaluation lookup
+        changes nothing)."""
         ...
 
     def update(

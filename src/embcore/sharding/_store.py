@@ -309,6 +309,24 @@ class ShardedStore:
         inbox.check_empty()
         return out
 
+    def table_info(self, table: int) -> dict[str, int]:
+        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``), summed over
+        the ranks (a collective)."""
+        s = self._key_hash(table)
+        rows = s.rows
+        mine = [0, 0, 0]
+        if rows is not None:
+            pending = rows.keyspace.pending
+            mine = [len(rows.keyspace), 0 if pending is None else len(pending)]
+            mine.append(rows.dropped_gradients)
+        total = [sum(v) for v in zip(*self._comm.all_gather_ints(mine), strict=True)]
+        return {
+            "rows": total[0],
+            "pending": total[1],
+            "dropped_gradients": total[2],
+            "step": s.step,
+        }
+
     def dynamic_state(self, table: int) -> dict[str, Any]:
         """Dynamic table ``table``'s whole content, as one process's store gives it (every
         rank's keys, gathered onto every rank: a collective)."""
