@@ -162,3 +162,10 @@ def worker_dynamic(rank: int, world: int, reference_state: str, ckpt: str) -> di
     out["resumed"] = train(resumed, [rank], range(STEPS, STEPS + 2))
     out["interleaved"] = interleaved(engine(world), [rank])
     return out
+
+
+def worker_resume(rank: int, world: int, state: str) -> list[dict[str, Any]]:
+    """Load a state dict written by another number of ranks and train on."""
+    e = engine(world)
+    e.load_state_dict(torch.load(state, weights_only=False))
+    return train(e, [rank], range(STEPS, STEPS + 2))

@@ -1,8 +1,8 @@
 """Dynamic tables placed by key hash on 2 gloo ranks equal one process on the concatenated
 batches, bit for bit: activations, evaluation lookups, the keys holding a row after every
 step (admission, steps-to-live and max-rows eviction), the rows, and the whole table state
-(counts, last-seen steps, pending counts, slots). State dicts move between 2 ranks and one
-process (keys re-hashed onto the ranks)."""
+(counts, last-seen steps, pending counts, slots). State dicts move between 2 ranks, 3 ranks
+and one process (keys re-hashed onto the ranks)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     steps = d.train(ref, list(range(WORLD)), range(d.STEPS))
     state = {k: torch.as_tensor(v).clone() for k, v in ref.state_dict().items()}
     torch.save(state, tmp / "reference.pt")
-    fresh = d.engine(None)  # as the ranks resume: a new engine loading the state
-    fresh.load_state_dict(torch.load(tmp / "reference.pt", weights_only=False))
-    resumed = d.train(fresh, list(range(WORLD)), range(d.STEPS, d.STEPS + 2))
+    resumed = {}  # as the ranks resume: a new engine loads the state, trains on
+    for world in (WORLD, 3):
+        fresh = d.engine(None)
+        fresh.load_state_dict(torch.load(tmp / "reference.pt", weights_only=False))
+        resumed[world] = d.train(fresh, list(range(world)), range(d.STEPS, d.STEPS + 2))
     interleaved = d.interleaved(d.engine(None), list(range(WORLD)))
     ranks = h.launch(
         "dynamic_sharding_harness:worker_dynamic",
@@ -37,7 +39,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         str(tmp / "reference.pt"),
         str(tmp / "ckpt"),
     )
+    # 2 ranks -> 3 ranks: the state the 2 ranks gathered, loaded by 3 (keys re-hashed)
+    torch.save(ranks[0]["state_dict"], tmp / "by-2-ranks.pt")
+    three = h.launch("dynamic_sharding_harness:worker_resume", 3, str(tmp / "by-2-ranks.pt"))
     return {
+        "three": three,
         "steps": steps,
         "state": state,
         "resumed": resumed,
@@ -115,7 +121,10 @@ def test_state_dicts_move_between_two_ranks_and_one_process(runs: dict):
     # 1 process -> 2 ranks: loading re-hashes the keys onto the ranks; training goes on as in
     # the process that wrote the state.
     for rank in range(WORLD):
-        assert_same_steps(runs["ranks"][rank]["resumed"], runs["resumed"], rank, d.STEPS)
+        assert_same_steps(runs["ranks"][rank]["resumed"], runs["resumed"][WORLD], rank, d.STEPS)
+    # 2 ranks -> 3 ranks: the same, each key now on the rank its hash over 3 shards picks.
+    for rank in range(3):
+        assert_same_steps(runs["three"][rank], runs["resumed"][3], rank, d.STEPS)
 
 
 def test_a_sharded_checkpoint_of_a_dynamic_table_is_refused_by_name(runs: dict):
