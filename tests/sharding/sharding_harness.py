@@ -89,7 +89,8 @@ def feature_config(init: str = "cached", dynamic: bool = False) -> dict[str, ec.
 
     ``init``: ``"default"`` (the engine's own), ``"cached"`` (the same values, drawn once) or
     ``"custom"`` (a user initializer on table ``c``). ``dynamic``: ``a`` and ``c`` are
-    dynamic tables (default initializer; ``a`` admits keys seen twice, ``c`` evicts after one
+    dynamic tables (``a`` admits keys seen twice and has a user initializer, whose rows
+    depend on their position in each call; ``c`` has the default one and evicts after one
     step unseen and beyond 6 rows).
     """
     if dynamic:
@@ -121,7 +122,7 @@ def feature_config(init: str = "cached", dynamic: bool = False) -> dict[str, ec.
 def _dynamic_feature_config() -> dict[str, ec.FeatureConfig]:
     a = ec.TableConfig(
         vocabulary_size=None, dim=4, name="a", combiner="mean",
-        admission=ec.CountAdmission(min_count=2),
+        admission=ec.CountAdmission(min_count=2), initializer=custom_initializer,
     )  # fmt: skip
     b = ec.TableConfig(vocabulary_size=2, dim=5, name="b", combiner="sum")
     c = ec.TableConfig(

@@ -185,7 +185,24 @@ class ShardedStore:
             s.lookup(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)
-        per_table = [s.output_dist(inbox, c) for s, c in zip(self._sharded, ctxs, strict=True)]
+        late = [
+            isinstance(s, KeyHash) and s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)
+        ]
+        if any(late):  # owners of tables with a user initializer reply one phase later
+            ex = self._comm.exchange()
+            per_table: list[Any] = [None] * len(ctxs)
+            for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):  # table order
+                if late[i]:
+                    s.lookup_late(inbox, ex, c)
+                else:
+                    per_table[i] = s.output_dist(inbox, c)
+            inbox.check_empty()
+            inbox = self._run(ex)
+            for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):
+                if late[i]:
+                    per_table[i] = s.output_dist(inbox, c)
+        else:
+            per_table = [s.output_dist(inbox, c) for s, c in zip(self._sharded, ctxs, strict=True)]
         inbox.check_empty()
         if out is None:
             return per_table

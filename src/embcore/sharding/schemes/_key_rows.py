@@ -65,6 +65,8 @@ class KeyRows:
         }
         #: gradient occurrences dropped: keys pending admission, or evicted since the lookup
         self.dropped_gradients = 0
+        #: the last training lookup's new keys (ascending) and their rows
+        self.new = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def _keyspace(self, state: dict[str, np.ndarray] | None = None) -> KeySpace:
         cfg, limits = self.table.config, Eviction(steps_to_live=self.steps_to_live)
@@ -73,10 +75,11 @@ class KeyRows:
         return KeySpace.from_state(self.table.name, state, cfg.admission, limits)
 
     # ---------------------------------------------------------------- lookups
-    def train(self, keys: Tensor, mult: Tensor) -> Tensor:
+    def train(self, keys: Tensor, mult: Tensor, defer: bool = False) -> Tensor:
         """One training lookup of ``keys: (K,) int64``, key ``i`` occurring ``mult[i]`` times
-        (every rank's occurrences): counts, admits, initialises new rows. Returns ``(K,)
-        int64`` rows, -1 for keys still pending.
+        (every rank's occurrences): counts, admits, initialises new rows (``defer``: leaves
+        that to :meth:`initialise`, with every shard's new keys). Returns ``(K,) int64`` rows,
+        -1 for keys still pending.
 
         Raises:
             IndexMemoryError: no memory for the new rows; nothing was changed.
@@ -84,10 +87,33 @@ class KeyRows:
         k, m = keys.cpu().numpy(), mult.cpu().numpy()
         self._grow(self.keyspace.num_rows + k.size)  # before any change of state
         admitted = self.keyspace.train(np.repeat(k, m))
-        if admitted.new_keys.size:
-            self._initialise(admitted.new_keys, admitted.new_rows)
+        self.new = (admitted.new_keys, admitted.new_rows)
+        if not defer:
+            self.initialise(admitted.new_keys)
         first = np.cumsum(m) - m  # each key's first occurrence
         return torch.from_numpy(admitted.rows[first]).to(self.device)
+
+    def initialise(self, every_new_key: np.ndarray) -> None:
+        """Initial values and slots of the rows the last training lookup gave to new keys.
+
+        Args:
+            every_new_key: ``(A,) int64`` ascending, the keys admitted in the lookup on every
+                shard (a user initializer is called once with ``(A, dim)`` and each shard
+                takes its keys' rows, as one process draws them); ``A = 0``: no call.
+        """
+        keys, rows = self.new
+        if every_new_key.size == 0:
+            return
+        cfg = self.table.config
+        values = new_rows(
+            every_new_key, table=self.table.name, dim=self.table.dim, seed=self.seed,
+            initializer=cfg.initializer,
+        )  # fmt: skip
+        at = torch.from_numpy(rows).to(self.device)
+        mine = values[np.searchsorted(every_new_key, keys)]
+        self.weight[at] = torch.from_numpy(mine).to(self.device, self.weight.dtype)
+        for name, value in self.slot_init.items():
+            self.slots[name][at] = value
 
     def find(self, keys: Tensor) -> Tensor:
         """``(K,) int64`` rows of ``keys``, -1 without a row; reads only."""
@@ -185,16 +211,6 @@ class KeyRows:
         for n, s in slots.items():
             s[:have] = self.slots[n]
         self.weight, self.slots = weight, slots
-
-    def _initialise(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        cfg, at = self.table.config, torch.from_numpy(rows).to(self.device)
-        values = new_rows(
-            keys, table=self.table.name, dim=self.table.dim, seed=self.seed,
-            initializer=cfg.initializer,
-        )  # fmt: skip
-        self.weight[at] = torch.from_numpy(values).to(self.device, self.weight.dtype)
-        for name, value in self.slot_init.items():
-            self.slots[name][at] = value
 
 
 def merge_states(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

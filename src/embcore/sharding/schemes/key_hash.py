@@ -19,7 +19,9 @@ space. The protocol is row-wise's, with keys in place of local rows::
                  in feature then rank order, then ends the step of its key space (eviction)
 
 Since every occurrence of a key reaches its one owner, counts, admission, steps-to-live and
-initial values are those of one process. ``max_rows`` is split over the shards; see
+initial values are those of one process (a user initializer is called with every shard's new
+keys: in such a training lookup the owners share their new keys first and reply a phase
+later). ``max_rows`` is split over the shards; see
 ``docs/sharding.md`` ("Dynamic tables").
 """
 
@@ -27,8 +29,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -42,6 +44,7 @@ from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
+from embcore.sharding.schemes._key_views import KeyViews
 from embcore.sharding.schemes._piece import Piece
 
 if TYPE_CHECKING:
@@ -60,6 +63,8 @@ class _Forward:
     order: Tensor  # unique keys sorted by shard (stable)
     counts: list[int]  # unique keys per shard
     training: bool
+    sizes: list[int] = field(default_factory=list)  # owners: the keys from each rank
+    rows: Tensor | None = None  # owners: their rows
 
 
 #: training lookups whose rows are remembered until their update (as one process does)
@@ -69,7 +74,7 @@ _REMEMBERED = 8
 _AS_LOOKED_UP, _IF_STILL_HELD, _HELD_NOW = 0, 1, 2
 
 
-class KeyHash(Scheme):
+class KeyHash(KeyViews, Scheme):
     """Shard ``p`` of the key hash on ``shard.ranks[p]``; for dynamic tables only."""
 
     scheme = "key_hash"
@@ -185,19 +190,47 @@ class KeyHash(Scheme):
 
     def lookup(self, inbox: Inbox, ex: Exchange, ctx: _Forward) -> None:
         """Owners: one lookup of every rank's keys; the rows go back (and, training, the row
-        numbers, which the update uses as one process does)."""
+        numbers, which the update uses as one process does). With a user initializer
+        (:meth:`late`), the owners first share their new keys and reply in :meth:`lookup_late`.
+        """
         if self.rows is None:
             return
         keys = [inbox.take(src, I64).reshape(-1) for src in range(self.world)]
-        sizes = [k.numel() for k in keys]
+        ctx.sizes = [k.numel() for k in keys]
         flat = torch.cat(keys)
         if ctx.training:
             mult = torch.cat([inbox.take(src, I64).reshape(-1) for src in range(self.world)])
-            rows = self.rows.train(flat, mult)
+            ctx.rows = self.rows.train(flat, mult, defer=self.late(ctx))
         else:
-            rows = self.rows.find(flat)
+            ctx.rows = self.rows.find(flat)
+        if not self.late(ctx):
+            self._reply(ex, ctx)
+            return
+        for dest in self.owner:
+            if dest != self.rank:
+                ex.send(dest, torch.from_numpy(self.rows.new[0]))
+
+    def late(self, ctx: _Forward) -> bool:
+        """Whether the owners reply a phase later: a training lookup of a table with a user
+        initializer, which is called once with every shard's new keys."""
+        return ctx.training and self.table.config.initializer is not None
+
+    def lookup_late(self, inbox: Inbox, ex: Exchange, ctx: _Forward) -> None:
+        """Owners: initialise the new rows from every shard's new keys, then reply."""
+        if self.rows is None:
+            return
+        new = [
+            self.rows.new[0] if src == self.rank else inbox.take(src, I64).numpy()
+            for src in self.owner
+        ]
+        self.rows.initialise(np.sort(np.concatenate(new)))
+        self._reply(ex, ctx)
+
+    def _reply(self, ex: Exchange, ctx: _Forward) -> None:
+        assert self.rows is not None and ctx.rows is not None
+        values, rows = self.rows.read(ctx.rows), ctx.rows
         for src, (part, numbers) in enumerate(
-            zip(torch.split(self.rows.read(rows), sizes), torch.split(rows, sizes), strict=True)
+            zip(torch.split(values, ctx.sizes), torch.split(rows, ctx.sizes), strict=True)
         ):
             ex.send(src, part)
             if ctx.training:
@@ -286,119 +319,3 @@ class KeyHash(Scheme):
             features.append(occurrences(found[held]))
             grads.append(torch.cat(parts)[held])
         return UpdateJob(self.rows.state(), features, grads, self.table.index)
-
-    # ------------------------------------------------------------- table views
-    def gather_send(self, name: str, ex: Exchange) -> None:
-        """Gathering ``weight`` or a slot (a collective): this shard's keys and values to
-        every rank."""
-        if self.rows is not None:
-            keys = self.rows.keys()
-            values = self.rows.read(self.rows.find(keys), name)
-            for dest in range(self.world):
-                if dest != self.rank:
-                    ex.send(dest, keys)
-                    ex.send(dest, values)
-
-    def gather_take(self, name: str, inbox: Inbox) -> Tensor:
-        """``(R, ...)``: the values of every key holding a row, in ascending key order (as
-        one process's ``embedding_tables`` and ``slot_variables`` give a dynamic table)."""
-        keys, values = [], []
-        for src in self.owner:
-            if src == self.rank:
-                assert self.rows is not None
-                k = self.rows.keys()
-                keys.append(k)
-                values.append(self.rows.read(self.rows.find(k), name))
-            else:
-                keys.append(inbox.take(src, I64).reshape(-1))
-                tail = self.logical_tail(name)
-                values.append(inbox.take(src, F32, *tail))
-        order = torch.argsort(torch.cat(keys))
-        return torch.cat(values)[order.to(self.env.device)]
-
-    def logical_tail(self, name: str) -> tuple[int, ...]:
-        """The shape of one key's ``weight`` or slot value."""
-        if name == "weight":
-            return (self.table.dim,)
-        spec = {s.name: s for s in self.table.optimizer.slot_specs()}[name]  # type: ignore[union-attr]
-        return () if spec.rowwise else (self.table.dim,)
-
-    def held(self) -> int:
-        """Keys holding a row on this rank."""
-        return 0 if self.rows is None else len(self.rows.keyspace)
-
-    def keys_send(self, ex: Exchange) -> None:
-        """Gathering the table's keys (a collective): this shard's keys to every rank."""
-        if self.rows is not None:
-            mine = self.rows.keys()
-            for dest in range(self.world):
-                if dest != self.rank:
-                    ex.send(dest, mine)
-
-    def keys_take(self, inbox: Inbox) -> Tensor:
-        """``(R,) int64``: every shard's keys, ascending."""
-        parts = [
-            self.rows.keys() if src == self.rank and self.rows is not None else inbox.take(src, I64)
-            for src in self.owner
-        ]
-        return torch.sort(torch.cat(parts).reshape(-1)).values
-
-    def rows_send(self, keys: Tensor, ex: Exchange) -> _Forward:
-        """Reading the rows of ``keys`` (a collective; never inserts): ask the owners."""
-        return self._ask([], keys, ex, training=False)
-
-    def rows_serve(self, inbox: Inbox, ex: Exchange, ctx: _Forward) -> None:
-        self.lookup(inbox, ex, ctx)
-
-    def rows_take(self, inbox: Inbox, ctx: _Forward) -> Tensor:
-        """``(K, dim) float32``: the rows of the keys asked for, zeros for keys without one."""
-        dim = self.table.dim
-        fetched = torch.cat([inbox.take(self.owner[p], F32, dim) for p in range(self.num_shards)])
-        rows = torch.empty_like(fetched)
-        rows[ctx.order] = fetched
-        return rows[ctx.inverse]
-
-    # ------------------------------------------------------------- whole content
-    def content(self, everyone: list[Any]) -> dict[str, np.ndarray]:
-        """The whole table's content from every rank's :meth:`KeyRows.content` (``None`` from
-        ranks that hold no shard), as one process's ``dynamic_state`` gives it."""
-        from embcore.sharding.schemes._key_rows import merge_states
-
-        return merge_states([c for c in everyone if c is not None])
-
-    def load_content(self, state: dict[str, Any]) -> None:
-        """Keep this shard's keys of a whole table's content (every rank gets the same; keys
-        are hashed onto this world's shards, whatever wrote the state)."""
-        self._check_content(state)
-        keys = np.asarray(state["keys"], dtype=np.int64)
-        pending = np.asarray(state.get("pending/keys", np.zeros(0, np.int64)), dtype=np.int64)
-        if self.rows is not None:
-            p = self.owner.index(self.rank)
-            mine = (key_shard(keys, self.num_shards) == p).numpy()
-            pending_mine = (key_shard(pending, self.num_shards) == p).numpy()
-            self.rows.load(state, mine, pending_mine)
-        self.step = int(np.asarray(state["step"]))
-        self._trained.clear()
-
-    def _check_content(self, state: dict[str, Any]) -> None:
-        """Raise ``ValueError`` naming the table and the part unless ``state`` is a whole
-        content of this table (checked on every rank, before any change)."""
-        name = self.table.name
-        for part in ("step", "keys", "freq", "last_seen", "weight", *self._slot_names()):
-            if part not in state:
-                raise ValueError(f"table '{name}': a dynamic table's state needs '{part}'")
-        keys = np.asarray(state["keys"])
-        if keys.ndim != 1 or keys.dtype != np.int64:
-            raise ValueError(f"table '{name}': saved 'keys' must be (R,) int64")
-        n = keys.size
-        for part in ("freq", "last_seen", "weight", *self._slot_names()):
-            want = (n, *self.logical_tail(part)) if part not in ("freq", "last_seen") else (n,)
-            got = tuple(np.shape(state[part]))
-            if got != want:
-                raise ValueError(
-                    f"table '{name}': saved '{part}' must have shape {want}, got {got}"
-                )
-
-    def _slot_names(self) -> list[str]:
-        opt = self.table.optimizer
-        return [s.name for s in opt.slot_specs()] if opt else []
