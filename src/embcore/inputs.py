@@ -113,7 +113,8 @@ class FeatureBatch:
     are in bounds, and no tensor is a view of the caller's input (see :func:`to_feature_batch`).
 
     Attributes:
-        values: ``(N,) int64`` ids in ``[0, vocab)``, grouped by sample.
+        values: ``(N,) int64`` ids in ``[0, vocab)``, grouped by sample (any int64 keys for
+            a dynamic table, which its store maps to rows).
         offsets: ``(S+1,) int64`` CSR offsets over the ``S = prod(output_shape)`` samples.
         weights: ``(N,) float32`` per-id weights, or ``None`` (all ones).
         combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"``; sequence features use ``"sum"``

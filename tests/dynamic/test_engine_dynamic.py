@@ -281,3 +281,22 @@ def test_row_evicted_between_lookup_and_update_gets_no_gradient() -> None:
     # the freed row goes to the next new key, re-initialised
     acts = train(emb, {"f": [3]})
     np.testing.assert_array_equal(acts["f"], init([3]))
+
+
+def test_failing_initializer_never_leaves_an_evicted_keys_values() -> None:
+    calls = []
+
+    def flaky(shape, dtype=torch.float32):
+        calls.append(tuple(shape))
+        if len(calls) == 3:
+            return torch.ones((shape[0] + 1, shape[1]))  # the wrong shape
+        return torch.full(tuple(shape), float(len(calls)))
+
+    table = ec.TableConfig(None, 2, initializer=flaky, name="t", eviction=ec.Eviction(max_rows=1))
+    emb = ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, ec.SGD(1.0))
+    emb({"f": torch.tensor([1])})["f"].sum().mul(3).backward()  # row 0: key 1, now -2
+    emb({"f": torch.tensor([2, 2])})["f"].sum().backward()  # key 1 evicted, its row freed
+    assert emb.table_keys("t").tolist() == [2]
+    with pytest.raises(ValueError, match=r"table 't': initializer returned shape \(2, 2\)"):
+        emb({"f": torch.tensor([3])})  # takes key 1's freed row
+    assert emb.table_rows("t", [3]).tolist() == [[0.0, 0.0]]

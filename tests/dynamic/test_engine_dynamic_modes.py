@@ -213,3 +213,29 @@ def test_load_dynamic_state_validates_before_changing_anything() -> None:
             emb.store.load_dynamic_state(t, broken)
     after = emb.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_table_without_optimizer_serves_a_loaded_state() -> None:
+    trained = dynamic_engine()
+    run((trained, dynamic_engine()), 3, (backward_step, backward_step))
+    shared = ec.TableConfig(None, DIM, name="shared", combiner="sqrtn")
+    seq = ec.TableConfig(None, DIM, name="seq")
+    serving = ec.EmbeddingEngine(
+        {
+            "a": ec.FeatureConfig(shared),
+            "b": ec.FeatureConfig(shared),
+            "s": ec.FeatureConfig(seq, max_sequence_length=2),
+        }
+    )
+    state = trained.state_dict()
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*shared\.momenta"):
+        serving.load_state_dict(state)  # the optimizer slots have no place here
+    slots = (".momenta", ".velocities", ".accumulators")
+    serving.load_state_dict({k: v for k, v in state.items() if not k.endswith(slots)})
+    features, weights = batch(np.random.default_rng(9), 6)
+    trained.eval()
+    want = trained(features, weights)
+    got = serving(features, weights)  # training mode, but without optimizers: a plain lookup
+    for f in want:
+        assert torch.equal(got[f], want[f]), f
+    assert torch.equal(serving.table_keys("shared"), trained.table_keys("shared"))

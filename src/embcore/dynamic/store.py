@@ -224,18 +224,23 @@ class DynamicRows:
         if new_keys.size == 0:
             return
         cfg = self.table.config
-        values = new_rows(
-            new_keys,
-            table=self.table.name,
-            dim=cfg.dim,
-            seed=self.seed,
-            initializer=cfg.initializer,
-        )
         weight = self._get("weight")
         index = torch.from_numpy(rows + 1).to(weight.device)
-        weight.index_copy_(0, index, torch.from_numpy(values).to(weight))
         for name, value in self._slot_init.items():
             self._get(name).index_fill_(0, index, value)
+        try:
+            values = new_rows(
+                new_keys,
+                table=self.table.name,
+                dim=cfg.dim,
+                seed=self.seed,
+                initializer=cfg.initializer,
+            )
+        except BaseException:
+            # the keys are admitted: never leave a reused row with an evicted key's values
+            weight.index_fill_(0, index, 0.0)
+            raise
+        weight.index_copy_(0, index, torch.from_numpy(values).to(weight))
 
     def _split(self, batches: Sequence[FeatureBatch], rows: np.ndarray) -> list[FeatureBatch]:
         mapped = np.where(rows >= 0, rows + 1, SINK).astype(np.int64)

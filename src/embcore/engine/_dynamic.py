@@ -14,7 +14,18 @@ from torch import Tensor
 
 from embcore.config import ResolvedTable
 
-__all__ = ["DynamicTablesAPI"]
+__all__ = ["DynamicTablesAPI", "evicting"]
+
+
+def evicting(tables: list[ResolvedTable]) -> bool:
+    """Whether a dynamic table may evict keys (``steps_to_live`` or ``max_rows`` set): then a
+    pipelined update must be applied before the next training lookup, whose rows its step
+    boundary could free (docs/dynamic_tables.md, "Pipelining")."""
+    for t in tables:
+        ev = t.config.eviction if t.dynamic else None
+        if ev is not None and (ev.steps_to_live is not None or ev.max_rows is not None):
+            return True
+    return False
 
 
 class DynamicTablesAPI:

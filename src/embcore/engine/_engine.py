@@ -25,7 +25,7 @@ from embcore._validate import check_int
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature
-from embcore.engine._dynamic import DynamicTablesAPI
+from embcore.engine._dynamic import DynamicTablesAPI, evicting
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import (
     check_gradients,
@@ -136,7 +136,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
             stochastic_rounding,
         )
         self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
-        self._dynamic = any(t.dynamic for t in self._tables)
+        self._evicting = evicting(self._tables)
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
         self.skipped_steps = 0
         self._pending: Pending | None = None
@@ -179,7 +179,8 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
     @property
     def embedding_tables(self) -> dict[str, Tensor]:
         """``{table name: (vocab, dim)}``: the live tensors of one process; with sharded
-        tables, full copies gathered on every rank (a collective: every rank must ask)."""
+        tables, full copies gathered on every rank (a collective: every rank must ask); for a
+        dynamic table a copy of its rows in :meth:`table_keys` order."""
         self._pipeline.wait()
         full = self.store.gather([(t.index, "weight") for t in self._tables])
         return {t.name: w for t, w in zip(self._tables, full, strict=True)}
@@ -291,7 +292,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
         """``(S_f, dim)`` activations of every feature, flat in feature order; with ``out``
         (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices. ``training``: a
         training lookup (dynamic tables count and admit its keys)."""
-        if training and self._dynamic:  # rows may move or go at the pending update's end
+        if training and self._evicting:  # the pending update's step end may evict and free rows
             self._pipeline.flush()
         self._pipeline.wait()
         slices = None

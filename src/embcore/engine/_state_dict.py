@@ -77,10 +77,14 @@ def load_state(
     for table in engine.tables:
         if table.dynamic:
             head = f"{prefix}{table.name}."
-            given = {k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head)}
-            for name in ("keys", *(n for n in _names(items, table.index))):
-                if name not in given:
-                    lacking.append(head + name)
+            known = {"step", "keys", "freq", "last_seen", *_names(items, table.index)}
+            given = {
+                k[len(head) :]: v
+                for k, v in state_dict.items()
+                if k.startswith(head)
+                and (k[len(head) :] in known or k[len(head) :].startswith("pending/"))
+            }
+            lacking += [head + n for n in sorted(known - set(given))]
             expected |= {head + k: tuple(getattr(v, "shape", ())) for k, v in given.items()}
             dynamic[table.index] = given
     absent, extra, errors = check_state_dict(state_dict, prefix, expected)

@@ -1,0 +1,107 @@
+"""The engine against a step-by-step Python model of a dynamic table, on random steps.
+
+Two features share a table of dim 1, combiner ``sum``, trained by SGD(1) with gradient 1 per
+occurrence: a held key's value falls by the number of its occurrences in each step, so the
+model (dicts, one key at a time, the rules of docs/dynamic_tables.md) predicts every
+activation, every value and the exact key set after every step, through admission, pending
+keys reading zero, eviction by age and by count, and keys admitted again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import embcore as ec
+from embcore.dynamic.init import default_rows
+
+POOL = np.array([-(2**63), -5, -1, 0, 1, 2, 3, 7, 2**31, 2**40 + 3, 2**63 - 1], np.int64)
+
+
+def start(key: int) -> np.float32:
+    return default_rows(0, "t", np.array([key], np.int64), 1)[0, 0]
+
+
+class Model:
+    def __init__(self, k: int, ttl: int | None, cap: int | None) -> None:
+        self.k, self.ttl, self.cap = k, ttl, cap
+        self.step = 0
+        self.pending: dict[int, tuple[int, int]] = {}  # key -> (count, last seen)
+        self.held: dict[int, list] = {}  # key -> [value, freq, last seen]
+
+    def lookup(self, keys: list[int]) -> dict[int, int]:
+        """A training lookup: counts, admits; returns the occurrences of held keys."""
+        for key, m in sorted(Counter(keys).items()):
+            if key in self.held:
+                self.held[key][1] += m
+                self.held[key][2] = self.step
+                continue
+            total = self.pending.pop(key, (0, 0))[0] + m
+            if total >= self.k:
+                self.held[key] = [start(key), total, self.step]
+            else:
+                self.pending[key] = (total, self.step)
+        return {key: m for key, m in Counter(keys).items() if key in self.held}
+
+    def value(self, key: int) -> np.float32:
+        return self.held[key][0] if key in self.held else np.float32(0.0)
+
+    def update(self, touched: dict[int, int]) -> None:
+        for key, m in touched.items():
+            self.held[key][0] = np.float32(self.held[key][0] - np.float32(m))
+        if self.ttl is not None:
+            cut = self.step - self.ttl
+            self.held = {k: v for k, v in self.held.items() if v[2] > cut}
+            self.pending = {k: v for k, v in self.pending.items() if v[1] > cut}
+        if self.cap is not None and len(self.held) > self.cap:
+            order = sorted(self.held, key=lambda k: (self.held[k][1], self.held[k][2], k))
+            for key in order[: len(self.held) - self.cap]:
+                del self.held[key]
+        self.step += 1
+
+
+@pytest.mark.parametrize(
+    ("k", "ttl", "cap"),
+    [(1, None, None), (2, None, None), (1, 2, None), (1, None, 4), (3, 3, 5), (2, 1, 3)],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_engine_follows_the_model(k: int, ttl: int | None, cap: int | None, seed: int) -> None:
+    table = ec.TableConfig(
+        None,
+        1,
+        combiner="sum",
+        name="t",
+        admission=ec.CountAdmission(min_count=k),
+        eviction=ec.Eviction(steps_to_live=ttl, max_rows=cap),
+    )
+    emb = ec.EmbeddingEngine(
+        {"x": ec.FeatureConfig(table), "y": ec.FeatureConfig(table)}, ec.SGD(1.0)
+    )
+    model = Model(k, ttl, cap)
+    rng = np.random.default_rng(seed)
+    dropped = 0
+    for _ in range(12):
+        x = rng.choice(POOL[rng.permutation(POOL.size)[:6]], size=int(rng.integers(1, 6)))
+        y = rng.choice(POOL, size=int(rng.integers(1, 4)))
+        if rng.random() < 0.3:  # an evaluation lookup in between changes nothing
+            emb.eval()
+            with torch.no_grad():
+                got = emb({"x": torch.from_numpy(x), "y": torch.from_numpy(y)})["x"]
+            assert got[:, 0].tolist() == [float(model.value(int(i))) for i in x]
+            emb.train()
+        acts = emb({"x": torch.from_numpy(x), "y": torch.from_numpy(y)})
+        touched = model.lookup([int(i) for i in np.concatenate([x, y])])
+        for name, ids in (("x", x), ("y", y)):
+            assert acts[name][:, 0].tolist() == [float(model.value(int(i))) for i in ids]
+        dropped += x.size + y.size - sum(touched.values())
+        (acts["x"].sum() + acts["y"].sum()).backward()
+        model.update(touched)
+        assert emb.table_keys("t").tolist() == sorted(model.held)
+        held = sorted(model.held)
+        rows = emb.table_rows("t", torch.tensor(held, dtype=torch.int64))
+        assert rows[:, 0].tolist() == [float(model.held[key][0]) for key in held]
+        info = emb.table_info("t")
+        assert (info["pending"], info["dropped_gradients"]) == (len(model.pending), dropped)
