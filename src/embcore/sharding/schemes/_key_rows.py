@@ -104,16 +104,20 @@ class KeyRows:
         keys, rows = self.new
         if every_new_key.size == 0:
             return
-        cfg = self.table.config
-        values = new_rows(
-            every_new_key, table=self.table.name, dim=self.table.dim, seed=self.seed,
-            initializer=cfg.initializer,
-        )  # fmt: skip
         at = torch.from_numpy(rows).to(self.device)
-        mine = values[np.searchsorted(every_new_key, keys)]
-        self.weight[at] = torch.from_numpy(mine).to(self.device, self.weight.dtype)
         for name, value in self.slot_init.items():
             self.slots[name][at] = value
+        try:
+            values = new_rows(
+                every_new_key, table=self.table.name, dim=self.table.dim, seed=self.seed,
+                initializer=self.table.config.initializer,
+            )  # fmt: skip
+        except BaseException:
+            # the keys are admitted: never leave a reused row with an evicted key's values
+            self.weight[at] = 0.0
+            raise
+        mine = values[np.searchsorted(every_new_key, keys)]
+        self.weight[at] = torch.from_numpy(mine).to(self.device, self.weight.dtype)
 
     def find(self, keys: Tensor) -> Tensor:
         """``(K,) int64`` rows of ``keys``, -1 without a row; reads only."""
