@@ -24,11 +24,11 @@ POOL = torch.tensor([(i * 0x9E3779B97F4A7C15 + 12345) % 2**64 - 2**63 for i in r
 PROBE = torch.cat([POOL[:12], torch.tensor([2**63 - 1, -(2**63)])])
 
 
-def feature_config() -> dict[str, ec.FeatureConfig]:
+def feature_config(evict: bool = True) -> dict[str, ec.FeatureConfig]:
+    eviction = ec.Eviction(steps_to_live=2, max_rows=MAX_ROWS) if evict else None
     user = ec.TableConfig(
         vocabulary_size=None, dim=4, name="user", combiner="mean",
-        admission=ec.CountAdmission(min_count=2),
-        eviction=ec.Eviction(steps_to_live=2, max_rows=MAX_ROWS),
+        admission=ec.CountAdmission(min_count=2), eviction=eviction,
     )  # fmt: skip
     fixed = ec.TableConfig(vocabulary_size=5, dim=3, name="fixed", combiner="sum")
     return {
@@ -48,12 +48,15 @@ def plan(world: int) -> ShardingPlan:
     )
 
 
-def engine(world: int | None) -> ec.EmbeddingEngine:
-    """The scenario's engine: sharded over ``world`` ranks, or one process (``None``)."""
-    kwargs: dict[str, Any] = {"backend": "reference"}
+def engine(world: int | None, pipelined: bool = False) -> ec.EmbeddingEngine:
+    """The scenario's engine: sharded over ``world`` ranks, or one process (``None``).
+    ``pipelined``: ``pipeline=True`` and no eviction (so each update lands after the next
+    training lookup, one step stale)."""
+    kwargs: dict[str, Any] = {"backend": "reference", "pipeline": pipelined}
     if world is not None:
         kwargs["plan"] = plan(world)
-    return ec.EmbeddingEngine(feature_config(), ec.Adagrad(learning_rate=0.3), **kwargs)
+    opt = ec.Adagrad(learning_rate=0.3)
+    return ec.EmbeddingEngine(feature_config(evict=not pipelined), opt, **kwargs)
 
 
 def local_batch(step: int, rank: int) -> dict[str, Any]:
@@ -161,6 +164,7 @@ def worker_dynamic(rank: int, world: int, reference_state: str, ckpt: str) -> di
     resumed.load_state_dict(torch.load(reference_state, weights_only=False))
     out["resumed"] = train(resumed, [rank], range(STEPS, STEPS + 2))
     out["interleaved"] = interleaved(engine(world), [rank])
+    out["pipelined"] = train(engine(world, pipelined=True), [rank], range(STEPS))
     return out
 
 

@@ -33,6 +33,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         fresh.load_state_dict(torch.load(tmp / "reference.pt", weights_only=False))
         resumed[world] = d.train(fresh, list(range(world)), range(d.STEPS, d.STEPS + 2))
     interleaved = d.interleaved(d.engine(None), list(range(WORLD)))
+    pipelined = d.train(d.engine(None, pipelined=True), list(range(WORLD)), range(d.STEPS))
     ranks = h.launch(
         "dynamic_sharding_harness:worker_dynamic",
         WORLD,
@@ -48,6 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "state": state,
         "resumed": resumed,
         "interleaved": interleaved,
+        "pipelined": pipelined,
         "ranks": ranks,
     }
 
@@ -76,6 +78,12 @@ def assert_same_steps(got: list[dict], want: list[dict], rank: int, first: int) 
 def test_training_with_admission_and_eviction_equals_one_process(runs: dict):
     for rank in range(WORLD):
         assert_same_steps(runs["ranks"][rank]["steps"], runs["steps"], rank, 0)
+
+
+def test_pipelined_training_without_eviction_equals_one_process(runs: dict):
+    # Each update lands after the next training lookup (one step stale), on both sides.
+    for rank in range(WORLD):
+        assert_same_steps(runs["ranks"][rank]["pipelined"], runs["pipelined"], rank, 0)
 
 
 def test_updates_use_the_rows_of_their_training_lookup(runs: dict):
