@@ -14,15 +14,15 @@ space. The protocol is row-wise's, with keys in place of local rows::
     output_dist  each rank pools its own samples from the fetched rows, with its own weights
                  and combiner (the single-process lookup, bit for bit)
     grad_dist    for every key occurrence, the contribution gain * dL/dact[sample] goes to the
-                 key's owner, with the key
-    update       each owner finds the keys' rows (dropping keys without one), runs ops.update
-                 in feature then rank order, then ends the step of its key space (eviction)
+                 key's owner, with the key and the row its training lookup gave it
+    update       each owner takes those rows (dropping keys that had none, or lost it since),
+                 runs ops.update in feature then rank order; then every shard ends its step
+                 (:mod:`._key_steps`: ``max_rows`` is the whole table's, chosen over shards)
 
 Since every occurrence of a key reaches its one owner, counts, admission, steps-to-live and
 initial values are those of one process (a user initializer is called with every shard's new
 keys: in such a training lookup the owners share their new keys first and reply a phase
-later). ``max_rows`` is split over the shards; see
-``docs/sharding.md`` ("Dynamic tables").
+later). See ``docs/sharding.md`` ("Dynamic tables").
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class KeyHash(KeyViews, Scheme):
             from embcore.sharding.schemes._key_rows import KeyRows
 
             self.rows = KeyRows(table, env.seed, env.device)
-        self.max_rows: int | None = table.config.eviction and table.config.eviction.max_rows
+        eviction = table.config.eviction
+        self.max_rows: int | None = eviction.max_rows if eviction is not None else None
         #: steps ended (every rank counts, owner or not: the key spaces' step)
         self.step = 0
         # id(batch) -> (batch, (N,) rows of its keys at its training lookup, step then)
