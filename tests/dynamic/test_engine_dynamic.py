@@ -252,12 +252,15 @@ def test_memory_failure_raises_naming_the_table_and_changes_nothing(monkeypatch)
     assert keys(emb) == [1, 2]
 
 
-def test_checkpoint_save_raises_until_supported(tmp_path) -> None:
+def test_checkpoint_save_and_load_keep_keys_and_rows(tmp_path) -> None:
+    """(Checkpoints of dynamic tables are tested in tests/checkpoint/test_dynamic_*.py.)"""
     emb = engine()
-    train(emb, {"f": [1]})
-    with pytest.raises(ValueError, match=r"dynamic tables.*\['t'\]"):
-        ec.checkpoint.save(emb, str(tmp_path / "ckpt"))
-    assert not (tmp_path / "ckpt").exists()
+    train(emb, {"f": [1, 5, 5]})
+    ec.checkpoint.save(emb, str(tmp_path / "ckpt"))
+    other = engine()
+    ec.checkpoint.load(other, str(tmp_path / "ckpt"))
+    assert keys(other) == keys(emb) and keys(emb)
+    assert torch.equal(other.table_rows("t", keys(emb)), emb.table_rows("t", keys(emb)))
 
 
 def test_statistics_record_keys(tmp_path) -> None:

@@ -149,27 +149,37 @@ def interleaved(e: ec.EmbeddingEngine, ranks: list[int]) -> list[dict[str, Any]]
     return out
 
 
-def worker_dynamic(rank: int, world: int, reference_state: str, ckpt: str) -> dict[str, Any]:
-    """Train the scenario; try a checkpoint; then load the single-process state written at
-    ``reference_state`` into a fresh sharded engine and train on."""
+def worker_dynamic(
+    rank: int, world: int, reference_state: str, reference_ckpt: str, ckpt: str
+) -> dict[str, Any]:
+    """Train the scenario and save a checkpoint, train on and save a delta against it; load
+    the single-process state dict and
+    checkpoint written at ``reference_state`` and ``reference_ckpt`` into fresh sharded
+    engines and train on; two lookups before their updates; pipelined training."""
     e = engine(world)
     out: dict[str, Any] = {"steps": train(e, [rank], range(STEPS))}
     out["state_dict"] = {k: torch.as_tensor(v).clone() for k, v in e.state_dict().items()}
-    try:
-        ec.checkpoint.save(e, ckpt)
-        out["checkpoint"] = None
-    except ValueError as error:
-        out["checkpoint"] = str(error)
+    ec.checkpoint.save(e, ckpt)
+    out["continued"] = train(e, [rank], range(STEPS, STEPS + 2))
+    ec.checkpoint.save(e, ckpt + "-delta", base=ckpt)  # the rows touched since
     resumed = engine(world)
     resumed.load_state_dict(torch.load(reference_state, weights_only=False))
     out["resumed"] = train(resumed, [rank], range(STEPS, STEPS + 2))
+    from_ckpt = engine(world)
+    ec.checkpoint.load(from_ckpt, reference_ckpt)
+    out["resumed_from_checkpoint"] = train(from_ckpt, [rank], range(STEPS, STEPS + 2))
     out["interleaved"] = interleaved(engine(world), [rank])
     out["pipelined"] = train(engine(world, pipelined=True), [rank], range(STEPS))
     return out
 
 
-def worker_resume(rank: int, world: int, state: str) -> list[dict[str, Any]]:
-    """Load a state dict written by another number of ranks and train on."""
+def worker_resume(rank: int, world: int, state: str, ckpt: str) -> dict[str, Any]:
+    """Load a state dict and a checkpoint written by another number of ranks; train on."""
     e = engine(world)
     e.load_state_dict(torch.load(state, weights_only=False))
-    return train(e, [rank], range(STEPS, STEPS + 2))
+    from_ckpt = engine(world)
+    ec.checkpoint.load(from_ckpt, ckpt)
+    return {
+        "state_dict": train(e, [rank], range(STEPS, STEPS + 2)),
+        "checkpoint": train(from_ckpt, [rank], range(STEPS, STEPS + 2)),
+    }

@@ -1,8 +1,8 @@
 """Dynamic tables placed by key hash on 2 gloo ranks equal one process on the concatenated
 batches, bit for bit: activations, evaluation lookups, the keys holding a row after every
 step (admission, steps-to-live and max-rows eviction), the rows, and the whole table state
-(counts, last-seen steps, pending counts, slots). State dicts move between 2 ranks, 3 ranks
-and one process (keys re-hashed onto the ranks)."""
+(counts, last-seen steps, pending counts, slots). State dicts and checkpoints move between
+2 ranks, 3 ranks and one process (keys re-hashed onto the ranks)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import sharding_harness as h
 import torch
 
+import embcore as ec
 from embcore.sharding.keyhash import key_shard
 
 pytestmark = pytest.mark.multiprocess
@@ -27,22 +28,31 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     steps = d.train(ref, list(range(WORLD)), range(d.STEPS))
     state = {k: torch.as_tensor(v).clone() for k, v in ref.state_dict().items()}
     torch.save(state, tmp / "reference.pt")
+    ec.checkpoint.save(ref, str(tmp / "reference-ckpt"))
     resumed = {}  # as the ranks resume: a new engine loads the state, trains on
     for world in (WORLD, 3):
         fresh = d.engine(None)
         fresh.load_state_dict(torch.load(tmp / "reference.pt", weights_only=False))
         resumed[world] = d.train(fresh, list(range(world)), range(d.STEPS, d.STEPS + 2))
+        if world == WORLD:
+            after = {k: torch.as_tensor(v).clone() for k, v in fresh.state_dict().items()}
     interleaved = d.interleaved(d.engine(None), list(range(WORLD)))
     pipelined = d.train(d.engine(None, pipelined=True), list(range(WORLD)), range(d.STEPS))
     ranks = h.launch(
         "dynamic_sharding_harness:worker_dynamic",
         WORLD,
         str(tmp / "reference.pt"),
-        str(tmp / "ckpt"),
+        str(tmp / "reference-ckpt"),
+        str(tmp / "by-2-ranks"),
     )
     # 2 ranks -> 3 ranks: the state the 2 ranks gathered, loaded by 3 (keys re-hashed)
     torch.save(ranks[0]["state_dict"], tmp / "by-2-ranks.pt")
-    three = h.launch("dynamic_sharding_harness:worker_resume", 3, str(tmp / "by-2-ranks.pt"))
+    three = h.launch(
+        "dynamic_sharding_harness:worker_resume",
+        3,
+        str(tmp / "by-2-ranks.pt"),
+        str(tmp / "by-2-ranks"),
+    )
     return {
         "three": three,
         "steps": steps,
@@ -51,6 +61,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "interleaved": interleaved,
         "pipelined": pipelined,
         "ranks": ranks,
+        "by_2_ranks": str(tmp / "by-2-ranks"),
+        "after": after,
     }
 
 
@@ -132,10 +144,28 @@ def test_state_dicts_move_between_two_ranks_and_one_process(runs: dict):
         assert_same_steps(runs["ranks"][rank]["resumed"], runs["resumed"][WORLD], rank, d.STEPS)
     # 2 ranks -> 3 ranks: the same, each key now on the rank its hash over 3 shards picks.
     for rank in range(3):
-        assert_same_steps(runs["three"][rank], runs["resumed"][3], rank, d.STEPS)
+        assert_same_steps(runs["three"][rank]["state_dict"], runs["resumed"][3], rank, d.STEPS)
 
 
-def test_a_sharded_checkpoint_of_a_dynamic_table_is_refused_by_name(runs: dict):
+def test_checkpoints_move_between_one_process_two_ranks_and_three_ranks(runs: dict):
+    # 2 ranks -> 1 process: the checkpoint the ranks wrote holds the single-process state.
+    one = d.engine(None)
+    ec.checkpoint.load(one, runs["by_2_ranks"])
+    got = one.state_dict()
+    assert got.keys() == runs["state"].keys()
+    for k, v in runs["state"].items():
+        assert torch.equal(torch.as_tensor(got[k]), v), k
+    # The delta the 2 ranks saved 2 steps later, against that checkpoint, loads as the
+    # single-process state then.
+    one = d.engine(None)
+    ec.checkpoint.load(one, runs["by_2_ranks"] + "-delta")
+    got = one.state_dict()
+    for k, v in runs["after"].items():
+        assert torch.equal(torch.as_tensor(got[k]), v), k
+    # 1 process -> 2 ranks and 2 ranks -> 3 ranks: the keys are hashed onto the ranks, and
+    # training goes on as in one process that loaded the same state.
     for rank in range(WORLD):
-        message = runs["ranks"][rank]["checkpoint"]
-        assert message is not None and "dynamic tables" in message and "['user']" in message
+        got_steps = runs["ranks"][rank]["resumed_from_checkpoint"]
+        assert_same_steps(got_steps, runs["resumed"][WORLD], rank, d.STEPS)
+    for rank in range(3):
+        assert_same_steps(runs["three"][rank]["checkpoint"], runs["resumed"][3], rank, d.STEPS)

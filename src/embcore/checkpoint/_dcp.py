@@ -28,7 +28,15 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from embcore.checkpoint._errors import CheckpointError
 from embcore.sharding.comm import Comm, CommError
 
-__all__ = ["Chunked", "LoadPlanner", "SavePlanner", "VerifiedReader", "dcp_errors", "no_dist_ok"]
+__all__ = [
+    "Chunked",
+    "LoadPlanner",
+    "SavePlanner",
+    "VerifiedReader",
+    "dcp_errors",
+    "no_dist_ok",
+    "read_arrays",
+]
 
 Chunks = list[tuple[tuple[int, ...], Tensor]]
 
@@ -149,3 +157,27 @@ def dcp_errors(comm: Comm, what: str, path: str) -> Iterator[None]:
         if isinstance(error, CommError) or not comm.distributed:
             raise
         raise comm.failed(f"embcore.checkpoint.{what} of {path}", error) from error
+
+
+def read_arrays(
+    path: str, metadata: Metadata, manifest: dict[str, Any], keys: list[str]
+) -> dict[str, Any]:
+    """The stored tensors ``keys`` of a checkpoint as NumPy arrays, read whole in this process
+    (their shapes and dtypes from the manifest, which was checked against ``metadata``)."""
+    state: dict[str, Tensor] = {}
+    for key in keys:
+        entry = manifest["tensors"].get(key)
+        dtype = getattr(torch, str((entry or {}).get("dtype")), None)
+        if entry is None or not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{path}: the tensor '{key}' is missing from the manifest")
+        state[key] = torch.empty([int(n) for n in entry["shape"]], dtype=dtype)
+    if state:
+        args = {"no_dist": True}
+        with torch.no_grad(), no_dist_ok(args):
+            dcp.load(
+                state,
+                storage_reader=VerifiedReader(path, metadata),
+                planner=LoadPlanner(),
+                **args,
+            )
+    return {k: v.numpy() for k, v in state.items()}

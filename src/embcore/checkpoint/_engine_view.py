@@ -8,6 +8,8 @@ Everything else in the package sees an engine only through :class:`EngineView`:
   and how to get the boxes this rank writes or fills), ``step`` included;
 - ``finish_load(keys)``: after the tensors ``keys`` were filled, drop what the engine computed
   before the load (a pending pipelined update, an enqueued batch);
+- ``dynamic_tables()``, ``dynamic_state(table)``, ``load_dynamic_state(table, state)``: the
+  dynamic tables, whose state is a dict of arrays by key rather than fixed-shape tensors;
 - ``describe()``, ``step``, ``world_size``, ``optimizer_types()``: what the manifest records.
 
 The engine lists its tensors itself (``engine.checkpoint_tensors()``: the step, then its
@@ -18,11 +20,14 @@ docs/architecture.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
 from torch import Tensor
 
 from embcore.engine import EmbeddingEngine
@@ -68,6 +73,16 @@ class StoredTensor:
         return self.key != "step" and not self.key.endswith(".weight")
 
 
+def _is_dynamic(table: Any) -> bool:
+    return getattr(table.config, "vocabulary_size", 0) is None
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy().copy()
+    return np.array(value, copy=True)
+
+
 def _named(value: Any) -> Any:
     """A JSON value for a config field: callables by name, tuples as lists."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -92,8 +107,45 @@ class EngineView:
         self._engine = engine
         self.comm: Comm = engine.store.comm  # the ranks that save or load together
 
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
     def flush(self) -> None:
         self._engine.flush()
+
+    def table_names(self) -> list[str]:
+        return [t.name for t in self._engine.tables]
+
+    def dynamic_tables(self) -> list[str]:
+        """The names of the dynamic tables (``vocabulary_size=None``), in engine order."""
+        return [t.name for t in self._engine.tables if _is_dynamic(t)]
+
+    def dynamic_state(self, table: str) -> dict[str, np.ndarray]:
+        """A dynamic table's state: keys, frequencies, last-seen steps, pending counts, and
+        weight and optimizer slots ``(R, ...)`` by ascending key (NumPy arrays, copies)."""
+        state = self._engine.store.dynamic_state(self._index(table))
+        return {k: _numpy(v) for k, v in state.items()}
+
+    def load_dynamic_state(self, table: str, state: dict[str, np.ndarray]) -> None:
+        """Replace a dynamic table's state with ``state`` (as :meth:`dynamic_state` gives)."""
+        self._engine.store.load_dynamic_state(self._index(table), state)
+
+    def initial_slots(self, table: str, rows: int) -> dict[str, np.ndarray]:
+        """A dynamic table's optimizer slots for ``rows`` new rows: ``{slot: (rows, ...)
+        float32}`` at the optimizer's initial values (as a newly admitted key gets)."""
+        index = self._index(table)
+        opt = self._engine.tables[index].optimizer
+        specs = opt.slot_specs() if opt is not None else ()
+        return {
+            s.name: np.full(
+                (rows, *self._engine.store.shape(index, s.name)[1:]), s.initial_value, np.float32
+            )
+            for s in specs
+        }
+
+    def _index(self, table: str) -> int:
+        return next(t.index for t in self._engine.tables if t.name == table)
 
     @property
     def step(self) -> int:
@@ -104,7 +156,9 @@ class EngineView:
         return self.comm.world
 
     def tensors(self) -> list[StoredTensor]:
-        """Every tensor a checkpoint of this engine stores, ``step`` first."""
+        """Every tensor a checkpoint of this engine stores, ``step`` first (the dynamic
+        tables' state is not among them: see :meth:`dynamic_state`)."""
+        dynamic = set(self.dynamic_tables())
         return [
             StoredTensor(
                 t.key,
@@ -115,6 +169,7 @@ class EngineView:
                 t.finish_load,
             )
             for t in self._engine.checkpoint_tensors()
+            if table_of(t.key) not in dynamic
         ]
 
     def finish_load(self, keys: list[str]) -> None:
@@ -153,6 +208,11 @@ class EngineView:
                     "features": [features[i].name for i in t.features],
                 }
             )
+            if _is_dynamic(t):  # recorded, not enforced (as hyperparameters)
+                tables[-1] |= {
+                    k: None if v is None else dataclasses.asdict(v)
+                    for k, v in (("admission", t.config.admission), ("eviction", t.config.eviction))
+                }
         plan = engine.plan
         return {
             "engine": {"class": engine.store.engine_name, "seed": engine.seed},

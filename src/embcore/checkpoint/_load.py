@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata
 
 from embcore._fingerprint import fingerprint64
-from embcore.checkpoint import _manifest
+from embcore.checkpoint import _delta, _manifest
+from embcore.checkpoint._chain import Link, open_checkpoint, resolve
 from embcore.checkpoint._dcp import (
     Chunked,
     LoadPlanner,
@@ -25,7 +25,7 @@ from embcore.checkpoint._dcp import (
     dcp_errors,
     no_dist_ok,
 )
-from embcore.checkpoint._digest import read_dcp_metadata, sha256_chunk
+from embcore.checkpoint._digest import sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor, table_of
 from embcore.checkpoint._errors import CheckpointError
 from embcore.checkpoint._manifest import Chunk
@@ -42,17 +42,6 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     plan and the checksum of every stored chunk."""
     manifest, _ = _manifest.read(os.path.normpath(os.fspath(path)))
     return manifest
-
-
-def _open(path: str) -> tuple[dict[str, Any], bytes, Metadata, list[Chunk]]:
-    """Manifest, its bytes, verified DCP metadata and the chunk list of a checkpoint."""
-    manifest, raw = _manifest.read(path)
-    try:
-        metadata = read_dcp_metadata(path, _manifest.DCP_METADATA, manifest["dcp_metadata_sha256"])
-        chunks = _manifest.check_matches(path, manifest, metadata)
-    except (KeyError, TypeError, AttributeError) as error:
-        raise CheckpointError(f"{path}: the manifest is malformed ({error!r})") from error
-    return manifest, raw, metadata, chunks
 
 
 def _verify_chunks(
@@ -87,20 +76,55 @@ def _corrupt(
     )
 
 
+def _bad_chunks(chain: list[Link], rank: int, world: int) -> dict[tuple[int, int], str]:
+    """``{(link, chunk): found}`` for the bad chunks of this rank's share of a chain's chunks
+    (every ``world``-th, counted over the whole chain)."""
+    every = [(i, j) for i, link in enumerate(chain) for j in range(len(link.chunks))]
+    bad = {}
+    for i, j in every[rank::world]:
+        link = chain[i]
+        found = _verify_chunks(link.path, link.manifest, link.chunks[j : j + 1], 0, 1)
+        if found:
+            bad[(i, j)] = found[0]
+    return bad
+
+
+def _corrupt_chain(
+    chain: list[Link], bad: list[tuple[int, int]], found: dict[tuple[int, int], str]
+) -> CheckpointError:
+    """The error naming every bad chunk, the first link's path first."""
+    i = bad[0][0]
+    link = chain[i]
+    mine = [j for (k, j) in bad if k == i]
+    error = _corrupt(
+        link.path,
+        link.manifest,
+        link.chunks,
+        mine,
+        {j: found[(i, j)] for j in mine if (i, j) in found},
+    )
+    if i < len(chain) - 1:
+        return CheckpointError(f"{error} (it is a base of the delta {chain[-1].path})")
+    return error
+
+
 def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check a checkpoint completely in this process (manifest, DCP metadata, the sha256 of
-    every chunk) and return its manifest.
+    every chunk) and return its manifest. For a delta the whole chain is checked (every
+    base, and that replaying it gives exactly the dynamic tables that were saved).
 
     Raises:
-        FileNotFoundError: nothing at ``path``.
-        CheckpointError: incomplete, corrupt or unsafe; the message names each table concerned.
+        FileNotFoundError: nothing at ``path``, or a base of the delta is missing.
+        CheckpointError: incomplete, corrupt or unsafe (or one of its bases is); the message
+            names the file and each table concerned.
     """
     path = os.path.normpath(os.fspath(path))
-    manifest, _, _, chunks = _open(path)
-    found = _verify_chunks(path, manifest, chunks, 0, 1)
+    chain = resolve(open_checkpoint(path))
+    found = _bad_chunks(chain, 0, 1)
     if found:
-        raise _corrupt(path, manifest, chunks, sorted(found), found)
-    return manifest
+        raise _corrupt_chain(chain, sorted(found), found)
+    _delta.verify_chain(chain)
+    return chain[-1].manifest
 
 
 def _changed_optimizers(
@@ -177,15 +201,19 @@ def load(
 
     Before anything changes, every rank checks the manifest and DCP's metadata, and the ranks
     share the verification of every chunk's sha256. Tensors the engine does not have (slots,
-    when it has no optimizer) are ignored.
+    when it has no optimizer) are ignored. A delta (saved with ``base=``) is read with its
+    chain of bases, every one verified, and restores exactly what a full save would have;
+    dynamic tables are stored by key, so any number of ranks loads them.
 
     Args:
         engine: the engine to fill.
         path: the checkpoint directory.
         allow_optimizer_change: load a checkpoint written with another optimizer type for a
             table: that table's weights (and the step) are restored, its slots are left as the
-            engine has them (freshly initialised, for a new engine). Without it such a load
-            is refused, since one optimizer's slots are meaningless to another.
+            engine has them (freshly initialised, for a new engine); a dynamic table's
+            loaded rows get the optimizer's initial slot values, as newly admitted keys do.
+            Without it such a load is refused, since one optimizer's slots are meaningless to
+            another.
 
     Raises:
         FileNotFoundError: nothing at ``path`` (an interrupted save leaves ``path.tmp-*``).
@@ -203,13 +231,16 @@ def load(
     fingerprint = 0
     tensors = view.tensors()
     try:
-        manifest, raw, metadata, chunks = _open(path)
-        fingerprint = fingerprint64(raw)
+        chain = resolve(open_checkpoint(path))
+        manifest = chain[-1].manifest
+        fingerprint = fingerprint64(chain[-1].raw)
         changed = _changed_optimizers(view, tensors, manifest)
         if allow_optimizer_change:
             tensors = [t for t in tensors if not (t.is_slot and t.table in changed)]
             changed = {}
-        problems = _fit_problems(tensors, manifest, changed)
+        problems = _fit_problems(tensors, manifest, changed) + _delta.fit_problems(
+            view, manifest, allow_optimizer_change
+        )
         if problems:
             raise CheckpointError(f"{what}: {path} does not fit this engine: {'; '.join(problems)}")
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -219,13 +250,23 @@ def load(
     comm.agree(what, error)
     comm.check_same(what, fingerprint, f"read another manifest at {path!r}")
 
-    found = _verify_chunks(path, manifest, chunks, comm.rank, comm.world)
-    flags = comm.agree(what, None, [int(i in found) for i in range(len(chunks))])
-    bad = [i for i in range(len(chunks)) if any(f[i] for f in flags)]
+    found = _bad_chunks(chain, comm.rank, comm.world)
+    every = [(i, j) for i, link in enumerate(chain) for j in range(len(link.chunks))]
+    flags = comm.agree(what, None, [int(k in found) for k in every])
+    bad = [k for n, k in enumerate(every) if any(f[n] for f in flags)]
     if bad:
-        raise _corrupt(path, manifest, chunks, bad, found)
+        raise _corrupt_chain(chain, bad, found)
 
-    reader = VerifiedReader(path, metadata)
+    # The dynamic tables are read and replayed into fresh memory before anything changes.
+    error, states, known = None, {}, {}
+    try:
+        states, known = _delta.load_states(view, chain)
+    except (OSError, ValueError) as e:
+        error = e
+    comm.agree(what, error)
+
+    last = chain[-1]
+    reader = VerifiedReader(path, last.metadata)
     args = dcp_args(comm)
     staged = [(t, t.load_chunks()) for t in tensors]
     state = {t.key: _value(t.shape, chunks) for t, chunks in staged}
@@ -233,4 +274,8 @@ def load(
         dcp.load(state, storage_reader=reader, planner=LoadPlanner(), **args)
         for t, chunks in staged:
             t.finish_load(chunks)
+        for table, table_state in states.items():
+            view.load_dynamic_state(table, table_state)
     view.finish_load([t.key for t in tensors])
+    if known:
+        _delta.remember(engine, path, known)

@@ -105,10 +105,12 @@ def build(
     metadata: Metadata,
     digests: list[str],
     metadata_sha256: str,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a checkpoint whose DCP ``metadata`` and chunk ``digests`` (in
     :func:`chunks_of` order) are known; ``described`` is the engine's configuration as JSON
-    values (tables, features, sharding)."""
+    values (tables, features, sharding); ``extra`` adds the sections of dynamic tables
+    (``"dynamic"``) and of a delta (``"base"``)."""
     tensors: dict[str, Any] = {}
     for chunk, digest in zip(chunks_of(metadata), digests, strict=True):
         md = metadata.state_dict_metadata[chunk.key]
@@ -141,6 +143,7 @@ def build(
         "checksums": "sha256 of each stored chunk's bytes, and of .metadata",
         "dcp_metadata_sha256": metadata_sha256,
         "tensors": tensors,
+        **(extra or {}),
     }
 
 

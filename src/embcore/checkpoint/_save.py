@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from embcore import _atomic
 from embcore._fingerprint import fingerprint64
-from embcore.checkpoint import _manifest
+from embcore.checkpoint import _delta, _manifest
 from embcore.checkpoint._dcp import Chunked, SavePlanner, dcp_args, dcp_errors, no_dist_ok
 from embcore.checkpoint._digest import digest_from_ints, digest_to_ints, sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor
@@ -95,36 +95,65 @@ def _start(comm: Comm, path: str) -> tuple[_atomic.TempDir | None, str]:
     return tmp, os.path.join(os.path.dirname(os.path.abspath(path)), _decode(everyone[0][1:]))
 
 
-def save(engine: EmbeddingEngine, path: str | os.PathLike[str]) -> None:
+def save(
+    engine: EmbeddingEngine,
+    path: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str] | None = None,
+) -> None:
     """Write an engine's tables, slots and step to the directory ``path``, atomically.
 
     A collective: under a process group every rank calls it with the same path (on a file
-    system they share). A pipelined update still pending is applied first.
+    system they share). A pipelined update still pending is applied first, so weights, slots
+    and the dynamic tables' counts are all taken at the same step.
+
+    Args:
+        engine: the engine to save.
+        path: the new checkpoint directory.
+        base: an earlier checkpoint in the same directory as ``path``: write a *delta*, whose
+            dynamic tables hold only the rows inserted or changed since ``base`` and the keys
+            removed since (fixed tables and the step are written whole). Loading the delta
+            reads ``base`` (and its own base, if it is a delta too).
 
     Raises:
         FileExistsError: ``path`` holds something already (checkpoints are not overwritten),
             or another save to the same path published first.
+        FileNotFoundError: ``base`` does not exist.
+        ValueError: ``base`` is not another checkpoint of the directory of ``path``.
+        CheckpointError (a ValueError): ``base`` is unreadable, or was saved by an engine with
+            other tables (names, vocabulary sizes, dims, optimizers, dynamic or not) or
+            features. Nothing is written.
         DiskFullError (an OSError): the disk filled up; the message names the path.
         RuntimeError: writing failed on another rank; ``path`` was not created.
     """
     view = EngineView(engine, "save")
     path = os.path.normpath(os.fspath(path))
+    base = None if base is None else os.path.normpath(os.fspath(base))
     view.flush()
     comm = view.comm
+    error: BaseException | None = None
+    plan = _delta.SavePlan({}, {}, {})
+    try:
+        plan = _delta.plan_save(view, path, base)
+    except (OSError, ValueError) as e:
+        error = e
+    comm.agree("embcore.checkpoint.save", error)
     tmp, tmp_path = _start(comm, path)
     try:
-        _write(view, comm, path, tmp_path)
+        _write(view, comm, path, tmp_path, plan)
     except BaseException:
         if tmp is not None:
             tmp.remove()
         raise
     if tmp is not None:
         tmp.release()
+    if plan.known:
+        _delta.remember(engine, path, plan.known)
 
 
-def _write(view: EngineView, comm: Comm, path: str, tmp_path: str) -> None:
+def _write(view: EngineView, comm: Comm, path: str, tmp_path: str, plan: _delta.SavePlan) -> None:
     what = "embcore.checkpoint.save"
-    state = {t.key: _value(t) for t in view.tensors()}
+    state = {t.key: _value(t) for t in view.tensors()} | plan.tensors
     args = dcp_args(comm)
     with _atomic.writing(path), no_dist_ok(args), dcp_errors(comm, "save", path):
         metadata = dcp.save(
@@ -160,7 +189,7 @@ def _write(view: EngineView, comm: Comm, path: str, tmp_path: str) -> None:
             )
             described = view.describe()
             manifest = _manifest.build(
-                described, view.step, view.world_size, metadata, digests, meta_sha
+                described, view.step, view.world_size, metadata, digests, meta_sha, plan.sections
             )
             with _atomic.writing(path):
                 _manifest.write(tmp_path, manifest)

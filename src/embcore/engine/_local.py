@@ -258,15 +258,12 @@ class LocalStore(nn.Module):
         self.dynamic[table].load_state(state)
 
     def tensors(self) -> list[LocalTensor]:
-        if self.dynamic:
-            names = [self.tables[t].name for t in self.dynamic]
-            raise ValueError(
-                f"checkpoints of dynamic tables (vocabulary_size=None) are not supported yet: "
-                f"tables {names}; save their content with engine.state_dict()"
-            )
+        """The fixed tables' tensors; a checkpoint stores dynamic tables by key, through
+        :meth:`dynamic_state` and :meth:`load_dynamic_state`."""
         return [
             LocalTensor(f"{t.name}.{name}", self._tensor(t.index, name))
             for t in self.tables
+            if t.index not in self.dynamic
             for name in stored_names(t)
         ]
 

@@ -286,16 +286,13 @@ class ShardedStore:
         return s.logical_shape(name)
 
     def tensors(self) -> list[ShardTensor]:
-        dynamic = [s.table.name for s in self._dynamic]
-        if dynamic:
-            raise ValueError(
-                f"checkpoints of dynamic tables (vocabulary_size=None) are not supported by "
-                f"sharded engines yet: tables {dynamic}; save their content with "
-                "engine.state_dict()"
-            )
+        """The fixed tables' tensors; a checkpoint stores dynamic tables by key, through
+        :meth:`dynamic_state` (the whole table on every rank) and :meth:`load_dynamic_state`
+        (each rank keeps the keys hashed to it)."""
         return [
             ShardTensor(f"{t.name}.{name}", s, name)
             for t, s in zip(self.tables, self._sharded, strict=True)
+            if not t.dynamic
             for name in stored_names(t)
         ]
 
