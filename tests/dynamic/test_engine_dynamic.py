@@ -195,6 +195,15 @@ def test_bad_ids_raise_naming_the_feature() -> None:
         emb({"f": torch.tensor([1.0, 2.0])})
     with pytest.raises(TypeError, match=r"feature 'f'.*bool"):
         emb({"f": torch.tensor([True])})
+    with pytest.raises(TypeError, match=r"feature 'f'.*float64"):
+        emb({"f": np.array([3.0])})
+    floats = torch.sparse_coo_tensor(
+        torch.tensor([[0], [0]]), torch.tensor([2.5]), (1, 2), check_invariants=True
+    )
+    with pytest.raises(TypeError, match=r"feature 'f'.*float"):
+        emb({"f": floats})
+    with pytest.raises(TypeError, match=r"feature 'f'.*float"):
+        emb({"f": ec.RaggedIds(torch.tensor([1.5]), torch.tensor([0, 1]))})
     assert keys(emb) == []
     with pytest.raises(TypeError, match="table 't'"):
         emb.table_rows("t", torch.tensor([0.5]))
@@ -303,3 +312,44 @@ def test_failing_initializer_never_leaves_an_evicted_keys_values() -> None:
     with pytest.raises(ValueError, match=r"table 't': initializer returned shape \(2, 2\)"):
         emb({"f": torch.tensor([3])})  # takes key 1's freed row
     assert emb.table_rows("t", [3]).tolist() == [[0.0, 0.0]]
+
+
+def test_memory_failure_in_one_table_changes_no_table(monkeypatch) -> None:
+    from embcore.dynamic import index
+
+    small = ec.TableConfig(None, 2, name="small")
+    big = ec.TableConfig(None, 2, name="big")
+    emb = ec.EmbeddingEngine(
+        {"a": ec.FeatureConfig(small), "z": ec.FeatureConfig(big)}, ec.SGD(0.1)
+    )
+    real = index._empty
+
+    def limited(shape, dtype):
+        if shape > 1000:
+            raise MemoryError("no memory")
+        return real(shape, dtype)
+
+    monkeypatch.setattr(index, "_empty", limited)
+    assert emb.table_names == ["small", "big"]  # the small table is mapped first
+    batch = {"a": torch.arange(5), "z": torch.arange(2000)}
+    with pytest.raises(MemoryError, match=r"table 'big'.*slots.*unchanged"):
+        emb(batch)
+    assert emb.table_keys("small").tolist() == [] and emb.table_keys("big").tolist() == []
+    monkeypatch.undo()
+    emb(batch)
+    assert emb.table_keys("small").tolist() == list(range(5))
+    assert emb.table_keys("big").numel() == 2000
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_a_pending_key_counts_in_the_combiners_denominator(combiner: str) -> None:
+    table = ec.TableConfig(
+        None, DIM, name="t", combiner=combiner, admission=ec.CountAdmission(min_count=2)
+    )
+    emb = ec.EmbeddingEngine(ec.FeatureConfig(table), ec.SGD(0.0))
+    ids = ec.RaggedIds.from_lists([[5, 5], [5, 7]])  # 5 admitted, 7 pending
+    weights = ec.RaggedIds.from_lists([[1.0, 1.0], [2.0, 1.0]])
+    out = emb(ids, weights).detach().numpy()
+    row = init([5])[0]
+    norm = {"mean": [2.0, 3.0], "sqrtn": [np.sqrt(2.0), np.sqrt(5.0)]}[combiner]
+    np.testing.assert_allclose(out, [2 * row / norm[0], 2 * row / norm[1]], rtol=1e-6)

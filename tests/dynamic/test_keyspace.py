@@ -281,3 +281,19 @@ def test_bad_keys_and_configs_raise_naming_the_table():
         space().lookup(np.array([True]))
     with pytest.raises(TypeError, match="table 'ads': admission must be a CountAdmission or None"):
         KeySpace("ads", admission=2)  # type: ignore[arg-type]
+
+
+def test_reserve_makes_room_so_train_allocates_nothing(monkeypatch):
+    space = KeySpace("t")
+    space.reserve(500)
+    assert len(space) == 0 and space.num_rows == 0  # room only, no state
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("no memory")
+
+    monkeypatch.setattr(index_module, "_empty", no_memory)
+    out = space.train(np.arange(500, dtype=np.int64) * 7)
+    assert out.new_keys.size == 500 and len(space) == 500
+    with pytest.raises(IndexMemoryError, match="table 't'"):
+        space.reserve(10_000)
+    assert len(space) == 500

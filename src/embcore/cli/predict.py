@@ -38,6 +38,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--output", metavar="FILE", help="write scores: .npy (logits) or CSV label,logit,prob"
     )
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads (1)")
+    parser.add_argument(
+        "--format",
+        choices=("safetensors", "pt2", "aoti"),
+        default="safetensors",
+        help="serve from the safetensors files (default), model.pt2 (the torch.export "
+        "program) or model.aoti.pt2 (its AOTInductor build); the scores are the same",
+    )
     parser.set_defaults(func=run)
 
 
@@ -93,20 +100,29 @@ def _write(path: str, report: PredictReport) -> None:
     write_atomic(target, scores)
 
 
-def _check_bundle_files(root: Path) -> None:
-    """Read each file of a bundle once, so that a damaged one is named in the error."""
+def _check_bundle_files(root: Path, fmt: str) -> None:
+    """Read each file of a bundle that ``fmt`` uses once, so that a damaged one is named in
+    the error."""
     import json
 
     from safetensors import safe_open
 
     from embcore.train.config import Config
+    from embcore.train.program import PROGRAM_FILES
 
     if not root.is_dir():
         what = "no such directory" if not root.exists() else "is a file"
         raise UserError(f"--bundle {root}: {what}; expected a directory written by embcore export")
-    for name in ("config.json", "tables.safetensors", "dense.safetensors"):
+    tensors = ("tables.safetensors", "dense.safetensors") if fmt == "safetensors" else ()
+    program = PROGRAM_FILES.get(fmt)
+    for name in ("config.json", *tensors):
         if not (root / name).exists():
             raise UserError(f"{root / name}: missing; not a serving bundle (embcore export)")
+    if program and not (root / program).exists():
+        raise UserError(
+            f"{root / program}: missing; write it with embcore export --format {fmt}, or "
+            "predict with --format safetensors"
+        )
     config = root / "config.json"
     if config.exists():
         with reading(config, "the JSON manifest of a serving bundle"):
@@ -114,7 +130,7 @@ def _check_bundle_files(root: Path) -> None:
             if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
                 raise UserError(f'{config}: expected a JSON object with a "config" object')
             Config.from_dict(manifest["config"])
-    for name in ("tables.safetensors", "dense.safetensors"):
+    for name in tensors:
         if (root / name).exists():
             with reading(root / name, "a safetensors file"), safe_open(root / name, "pt") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is no dict)
@@ -126,15 +142,16 @@ def run(args: argparse.Namespace) -> int:
 
     from embcore.train.bundle import load_bundle
     from embcore.train.predict import score
+    from embcore.train.program import PROGRAM_FILES
 
     if args.batch_size < 1 or args.rows < 0:
         raise UserError("--batch-size must be >= 1 and --rows >= 0")
     if args.input and not Path(args.input).is_file():
         what = "is a directory" if Path(args.input).is_dir() else "no such file"
         raise UserError(f"--input {args.input}: {what}")
-    _check_bundle_files(Path(args.bundle))
+    _check_bundle_files(Path(args.bundle), args.format)
     with reading(args.bundle, "a serving bundle written by embcore export"):
-        serving = load_bundle(args.bundle)
+        serving = load_bundle(args.bundle, args.format)
     threads = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -145,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     source = args.input or "built-in held-out rows"
     if report.rows == 0:
         raise UserError(f"{source}: no rows to score")
-    print(f"scored {report.rows:,} rows of {source} with {Path(args.bundle)}")
+    served = Path(args.bundle) / PROGRAM_FILES.get(args.format, "")
+    print(f"scored {report.rows:,} rows of {source} with {served}")
     print(
         f"throughput {report.rows_per_second:,.0f} rows/s; per-batch latency "
         f"(batch {args.batch_size}) median {report.latency_ms(0.5):.2f} ms, "

@@ -124,14 +124,15 @@ class KeySpace:
             IndexMemoryError: no memory for the new rows or counts; nothing was changed.
         """
         keys = check_keys(keys, self.table, "KeySpace.train")
-        uniq, inverse, mult = np.unique(keys, return_inverse=True, return_counts=True)
-        rows = self._index.find(uniq)
-        absent = np.flatnonzero(rows < 0)
-        totals = mult[absent].astype(np.int64)  # counts after this lookup, of keys without row
-        if self._pending is not None and absent.size:
-            totals += self._pending.counts(uniq[absent])
+        rows = self._index.find(keys)  # (N,): every occurrence; held keys need no sorting
+        held = np.flatnonzero(rows >= 0)
+        miss = np.flatnonzero(rows < 0)
+        uniq, inverse, mult = np.unique(keys[miss], return_inverse=True, return_counts=True)
+        totals = mult.astype(np.int64)  # counts after this lookup, of keys without a row
+        if self._pending is not None and uniq.size:
+            totals += self._pending.counts(uniq)
         admit = totals >= self.admission.min_count
-        new_keys = uniq[absent[admit]]  # ascending, as ``uniq`` is
+        new_keys = uniq[admit]  # ascending, as ``uniq`` is
         # allocate everything first, so that a failure leaves the state unchanged
         top = self._index.num_rows + max(0, new_keys.size - self._index.num_free)
         meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
@@ -139,19 +140,34 @@ class KeySpace:
             self._pending.reserve(int((~admit).sum()))
         new_rows = self._index.insert(new_keys)  # the last step that can fail
         self._key, self._freq, self._last, self._live = meta
-        self._key[new_rows] = new_keys
-        self._freq[new_rows] = 0
-        self._live[new_rows] = True
-        rows[absent[admit]] = new_rows
-        if self._pending is not None and absent.size:
-            self._pending.add(uniq[absent[~admit]], totals[~admit], self.step)
-            self._pending.discard(new_keys)
-        gain = mult.astype(np.int64)  # a new row's frequency includes its pending count
-        gain[absent[admit]] = totals[admit]
-        held = np.flatnonzero(rows >= 0)
-        self._freq[rows[held]] += gain[held]
+        # keys held before: one more use per occurrence
+        np.add.at(self._freq, rows[held], 1)
         self._last[rows[held]] = self.step
-        return Admitted(rows[inverse], new_keys, new_rows)
+        # keys admitted now: their frequency includes their pending count
+        self._key[new_rows] = new_keys
+        self._freq[new_rows] = totals[admit]
+        self._last[new_rows] = self.step
+        self._live[new_rows] = True
+        if self._pending is not None and uniq.size:
+            self._pending.add(uniq[~admit], totals[~admit], self.step)
+            self._pending.discard(new_keys)
+        got = np.full(uniq.size, -1, np.int64)
+        got[admit] = new_rows
+        rows[miss] = got[inverse.reshape(-1)]
+        return Admitted(rows, new_keys, new_rows)
+
+    def reserve(self, new_keys: int) -> None:
+        """Allocate now the index slots and row metadata that ``new_keys`` new keys may need
+        (not the pending counts', which :meth:`train` reserves for the keys it leaves
+        pending), so that a store can make room in several tables before changing any.
+
+        Raises:
+            IndexMemoryError: the memory cannot be had; nothing was changed.
+        """
+        self._index.reserve(new_keys)
+        top = self._index.num_rows + max(0, new_keys - self._index.num_free)
+        meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
+        self._key, self._freq, self._last, self._live = meta
 
     # ---------------------------------------------------------------- step boundaries
 

@@ -17,7 +17,7 @@ two callables it is given. See docs/dynamic_tables.md.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -34,8 +34,9 @@ __all__ = ["SINK", "DynamicRows"]
 
 #: the buffer row that keys without a row read (zeros) and whose gradient is dropped
 SINK = 0
-#: training lookups whose row numbers are remembered until their update
-_REMEMBERED = 8
+#: training lookups whose row numbers are remembered until their update (one batch of each
+#: feature of the table per lookup)
+_REMEMBERED = 4
 _MIN_CAPACITY = 16
 
 
@@ -66,8 +67,9 @@ class DynamicRows:
         self._get, self._put = get, put
         opt = table.optimizer
         self._slot_init = {s.name: s.initial_value for s in opt.slot_specs()} if opt else {}
-        # original batch id -> (original batch, mapped batch, key-space step at the lookup)
-        self._trained: OrderedDict[int, tuple[FeatureBatch, FeatureBatch, int]] = OrderedDict()
+        # (original batch, mapped batch, key-space step at the lookup), oldest first: updates
+        # come in the order of their lookups (a batch object may be looked up more than once)
+        self._trained: deque[tuple[FeatureBatch, FeatureBatch, int]] = deque()
 
     @staticmethod
     def initial_buffers(
@@ -86,19 +88,28 @@ class DynamicRows:
         if not training:
             rows = self.space.lookup(flat)
         else:
-            # room for every key being new, before any change of state (freed rows first)
-            space = self.space
-            self._reserve(space.num_rows + max(0, flat.size - space.num_free))
+            self.reserve(flat.size)  # a no-op when the store reserved already
             admitted = self.space.train(flat)
             rows = admitted.rows
             self._initialise(admitted.new_keys, admitted.new_rows)
         out = self._split(batches, rows)
         if training:
             for b, m in zip(batches, out, strict=True):
-                self._trained[id(b)] = (b, m, self.space.step)
-                while len(self._trained) > _REMEMBERED:
-                    self._trained.popitem(last=False)
+                self._trained.append((b, m, self.space.step))
+                while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
+                    self._trained.popleft()
         return out
+
+    def reserve(self, occurrences: int) -> None:
+        """Make room for a training lookup of ``occurrences`` keys, each possibly new: rows
+        and slots (freed rows first), index slots and row metadata. Changes no state.
+
+        Raises:
+            IndexMemoryError: naming the table and the sizes.
+        """
+        space = self.space
+        self._reserve(space.num_rows + max(0, occurrences - space.num_free))
+        space.reserve(occurrences)
 
     def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
         """The batches as their training lookup mapped them. Rows whose key no longer holds
@@ -106,11 +117,12 @@ class DynamicRows:
         rows its keys hold now."""
         out = []
         for b in batches:
-            entry = self._trained.pop(id(b), None)
-            if entry is None or entry[0] is not b:
+            i = next((i for i, e in enumerate(self._trained) if e[0] is b), None)
+            if i is None:
                 out.append(self.map([b], training=False)[0])
                 continue
-            mapped, step = entry[1], entry[2]
+            _, mapped, step = self._trained[i]
+            del self._trained[i]
             if step != self.space.step:  # an eviction may have freed or reused rows since
                 now = self.map([b], training=False)[0].values
                 kept = torch.where(now == mapped.values, mapped.values, SINK)

@@ -9,6 +9,7 @@ docs/architecture.md and docs/dynamic_tables.md.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -95,13 +96,13 @@ class LocalStore(nn.Module):
             self.register_buffer(
                 f"w{table.index}" if name == "weight" else f"s{table.index}_{name}", value
             )
-        t = table.index
+        t, store = table.index, weakref.ref(self)  # no cycle: a dropped store frees at once
         self.dynamic[t] = DynamicRows(
             table,
             config.seed,
-            lambda name: self._tensor(t, name),
+            lambda name: store()._tensor(t, name),  # type: ignore[union-attr]
             lambda name, value: setattr(
-                self, f"w{t}" if name == "weight" else f"s{t}_{name}", value
+                store(), f"w{t}" if name == "weight" else f"s{t}_{name}", value
             ),
         )
 
@@ -175,6 +176,9 @@ class LocalStore(nn.Module):
         out: Sequence[Sequence[Tensor]] | None,
         training: bool = False,
     ) -> list[list[Tensor]]:
+        if self.dynamic and training:  # room in every table before any table changes
+            for t, rows in self.dynamic.items():
+                rows.reserve(sum(b.values.numel() for b in features[t]))
         if self.dynamic:
             features = [
                 self.dynamic[t].map(b, training) if t in self.dynamic else b

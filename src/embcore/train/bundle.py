@@ -3,12 +3,18 @@
 ::
 
     export/
-      tables.safetensors   {feature name: (vocab, dim) float32}: the embedding tables
+      tables.safetensors   {feature name: (vocab, dim) float32}: the embedding tables; a
+                           dynamic table's (R, dim) rows in ascending key order, and its
+                           (R,) int64 keys as "<name>.keys"
       dense.safetensors    the dense weights (bottom MLP, interaction, top MLP)
       config.json          the run's config, the features and tables, how raw rows are
                            preprocessed, and the metrics at export
+      model.pt2            with format "pt2" or "aoti": the model as a torch.export program
+      model.aoti.pt2       with format "aoti": the same program compiled by AOTInductor
 
-Optimizer slots are left out: serving only looks rows up.
+Optimizer slots are left out: serving only looks rows up. The programs run with PyTorch alone
+(:mod:`embcore.train.program`); :func:`load_bundle` serves from any of the three forms with
+the same scores.
 
 ``config.json`` is the bundle's manifest: it records the sha256 of both tensor files and of
 itself, and :func:`load_bundle` checks them before using anything, so a flipped bit, a
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,40 +39,69 @@ from embcore import _atomic
 from embcore._files import read_regular
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
+from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.train.config import Config
 from embcore.train.model import build_model
+from embcore.train.program import FORMATS, PROGRAM_FILES, SIGNATURE, load_program, write_programs
 from embcore.train.run_state import load_checkpoint
 
-__all__ = ["ServingModel", "export_bundle", "export_checkpoint", "load_bundle"]
+__all__ = [
+    "FORMATS",
+    "ServingModel",
+    "checkpoint_model",
+    "export_bundle",
+    "export_checkpoint",
+    "load_bundle",
+]
 
 _FORMAT = "embcore-serving-bundle"
 _VERSION = 1
 _ENGINE = "engine."
 _TENSOR_FILES = ("tables.safetensors", "dense.safetensors")
+_KEYS = ".keys"  # tables.safetensors: "<table>.keys" holds a dynamic table's keys
 
 
 def export_bundle(
-    model: DLRM, config: Config, out_dir: str | os.PathLike, extra: dict[str, Any] | None = None
+    model: DLRM,
+    config: Config,
+    out_dir: str | os.PathLike,
+    extra: dict[str, Any] | None = None,
+    fmt: str = "safetensors",
 ) -> Path:
     """Write ``model`` and its ``config`` as a bundle in ``out_dir`` (created or replaced, as
-    a whole: see the module docstring).
+    a whole: see the module docstring); ``fmt`` ``"pt2"`` adds ``model.pt2``, ``"aoti"`` also
+    ``model.aoti.pt2``.
 
     Raises:
+        UserError (a ValueError): the model has dynamic tables and ``fmt`` is "safetensors"
+            (their bundle serves from its program only).
         FileExistsError: ``out_dir`` holds other files than a bundle (nothing is deleted).
         DiskFullError (an OSError): the disk filled up; the previous bundle is left as it was.
     """
+    if fmt not in FORMATS:
+        raise ValueError(f"export_bundle: format must be one of {list(FORMATS)}, got {fmt!r}")
+    dynamic = [t.name for t in model.engine.tables if t.dynamic]
+    if dynamic and fmt == "safetensors":
+        raise UserError(
+            f"the model's tables {dynamic[:3]}{' ...' if len(dynamic) > 3 else ''} are dynamic: "
+            "their bundle serves from its program only; export with --format pt2 (or aoti)"
+        )
     final = Path(out_dir)
     _atomic.check_replaceable(final, "config.json")  # before any work
     _atomic.remove_stale(final)
     with _atomic.temp_dir(final) as tmp:
-        _write(model, config, tmp.path, extra)
+        _write(model, config, tmp.path, extra, fmt)
         _atomic.replace_dir(tmp.path, final, "config.json")
     return final
 
 
-def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None) -> None:
-    tables = {name: t.detach().contiguous() for name, t in model.engine.embedding_tables.items()}
+def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None, fmt: str) -> None:
+    engine = model.engine
+    tables = {name: t.detach().contiguous() for name, t in engine.embedding_tables.items()}
+    for t in engine.tables:  # a dynamic table: its rows in ascending key order, and the keys
+        if t.dynamic:
+            tables[f"{t.name}{_KEYS}"] = engine.table_keys(t.name).contiguous()
     dense = {
         k: v.detach().contiguous()
         for k, v in model.state_dict().items()
@@ -74,7 +110,11 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None)
     for name, tensors in (("tables", tables), ("dense", dense)):
         save_file(tensors, out / f"{name}.safetensors", metadata={"format": _FORMAT})
         os.chmod(out / f"{name}.safetensors", 0o644)  # safetensors writes 0600; bundles are shared
-    files = {name: sha256_file(out / name) for name in _TENSOR_FILES}
+    seconds = write_programs(model, out, fmt)
+    programs = {f: name for f, name in PROGRAM_FILES.items() if (out / name).is_file()}
+    for name in programs.values():
+        os.chmod(out / name, 0o644)
+    files = {name: sha256_file(out / name) for name in (*_TENSOR_FILES, *programs.values())}
     manifest = {
         "format": _FORMAT,
         "version": _VERSION,
@@ -82,21 +122,37 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None)
         "dense_features": list(DENSE_NAMES),
         "sparse_features": list(model.sparse_names),
         "tables": {
-            t.name: {"vocabulary_size": t.vocabulary_size, "dim": t.dim, "combiner": t.combiner}
-            for t in model.engine.tables
+            t.name: {
+                "vocabulary_size": t.vocabulary_size,  # null: dynamic (keys in tables.safetensors)
+                "dim": t.dim,
+                "combiner": t.combiner,
+                **({"rows": int(tables[t.name].shape[0])} if t.dynamic else {}),
+            }
+            for t in engine.tables
         },
         "preprocessing": {
             "dense": "log(1 + max(x, 0)); missing -> 0",
             "categorical": "missing -> 0; hash h -> 1 + h % (vocabulary_size - 1)",
         },
         **(extra or {}),
+        "programs": {f: {"file": name, **SIGNATURE} for f, name in programs.items()},
+        "program_seconds": {k: round(v, 3) for k, v in seconds.items()},
         "files_sha256": files,
     }
     (out / "config.json").write_text(json.dumps(seal(manifest), indent=2) + "\n")
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def export_checkpoint(
+    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "safetensors"
+) -> Path:
     """Rebuild the model of a training checkpoint and export it (see :func:`export_bundle`)."""
+    model, config, extra = checkpoint_model(checkpoint)
+    return export_bundle(model, config, out_dir, extra, fmt)
+
+
+def checkpoint_model(checkpoint: str | os.PathLike) -> tuple[DLRM, Config, dict[str, Any]]:
+    """The lookup-only model of a training checkpoint, its config, and the manifest's step,
+    checkpoint and final metrics."""
     tensors, meta = load_checkpoint(checkpoint)
     config = Config.from_dict(meta["config"])
     vocab = capped_vocab_sizes(config.data.vocab_cap)
@@ -109,26 +165,32 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike)
     history = meta.get("history", {}).get("eval", [])
     if history:
         extra["metrics"] = {k: v for k, v in history[-1].items() if k != "step"}
-    return export_bundle(model, config, out_dir, extra)
+    return model, config, extra
 
 
 class ServingModel:
     """A bundle loaded for scoring on CPU.
 
     Attributes:
-        model: the DLRM, in eval mode with lookup-only tables.
+        model: ``(dense, sparse) -> logits``: the DLRM in eval mode with lookup-only tables
+            (format "safetensors"), or the bundle's exported or compiled program.
         config: the training run's config.
         manifest: the bundle's ``config.json``.
     """
 
-    def __init__(self, model: DLRM, config: Config, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        model: DLRM | Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        config: Config,
+        manifest: dict[str, Any],
+    ) -> None:
         self.model, self.config, self.manifest = model, config, manifest
 
     @property
     def vocab_sizes(self) -> list[int]:
-        """Table sizes in the column order of ``sparse`` (``SPARSE_NAMES``)."""
-        sizes = {t.name: t.vocabulary_size for t in self.model.engine.tables}
-        return [sizes[name] for name in self.model.sparse_names]
+        """How many ids each column of ``sparse`` (``SPARSE_NAMES``) takes from a data file:
+        the Criteo cardinalities capped at ``data.vocab_cap``, the sizes of fixed tables."""
+        return capped_vocab_sizes(self.config.data.vocab_cap)
 
     @torch.no_grad()
     def __call__(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -136,8 +198,9 @@ class ServingModel:
         return self.model(dense, sparse)
 
 
-def load_bundle(path: str | os.PathLike) -> ServingModel:
-    """Load a bundle written by :func:`export_bundle`.
+def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingModel:
+    """Load a bundle written by :func:`export_bundle`, serving from its safetensors files
+    (``fmt`` "safetensors") or its program (``"pt2"``, ``"aoti"``): the scores are the same.
 
     Raises:
         FileNotFoundError: a bundle file is missing.
@@ -145,11 +208,16 @@ def load_bundle(path: str | os.PathLike) -> ServingModel:
         IntegrityError (a ValueError): a file does not match the sha256 in ``config.json``
             (corrupt, truncated, or from another export); the message names the file.
     """
+    if fmt not in FORMATS:
+        raise ValueError(f"load_bundle: format must be one of {list(FORMATS)}, got {fmt!r}")
     root = Path(path)
-    for name in ("config.json", *_TENSOR_FILES):
+    needed = _TENSOR_FILES if fmt == "safetensors" else (PROGRAM_FILES[fmt],)
+    for name in ("config.json", *needed):
         if not (root / name).is_file():
+            hint = "" if fmt == "safetensors" else f" --format {fmt}"
             raise FileNotFoundError(
-                f"{root}: not a serving bundle, {name} is missing (write one with embcore export)"
+                f"{root}: not a serving bundle of format {fmt!r}, {name} is missing (write one "
+                f"with embcore export{hint})"
             )
     manifest = _read_manifest(root / "config.json")
     if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION:
@@ -157,8 +225,22 @@ def load_bundle(path: str | os.PathLike) -> ServingModel:
             f"{root}/config.json: expected format {_FORMAT!r} version {_VERSION}, got "
             f"{manifest.get('format')!r} version {manifest.get('version')!r}"
         )
-    _check_files(root, manifest)
+    _check_files(root, manifest, needed)
+    if fmt != "safetensors":
+        config = Config.from_dict(manifest["config"])
+        return ServingModel(load_program(root / needed[0], fmt), config, manifest)
     config = Config.from_dict(manifest["config"])
+    dynamic = [
+        name for name, t in manifest.get("tables", {}).items() if t["vocabulary_size"] is None
+    ]
+    if dynamic:
+        named = ", ".join(dynamic[:3]) + (
+            f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else ""
+        )
+        raise ValueError(
+            f"{root}: dynamic tables ({named}) hold keys and rows: serve this bundle from its "
+            "program, --format pt2 (written by embcore export --format pt2)"
+        )
     tables = load_file(root / "tables.safetensors")
     if sorted(tables) != sorted(SPARSE_NAMES):
         raise ValueError(
@@ -189,12 +271,13 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return check_sealed(document, str(path))
 
 
-def _check_files(root: Path, manifest: dict[str, Any]) -> None:
-    """Each tensor file against its sha256 in ``config.json`` (before safetensors parses it)."""
+def _check_files(root: Path, manifest: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Each of the files ``names`` against its sha256 in ``config.json`` (before anything
+    parses it)."""
     files = manifest.get("files_sha256")
     if not isinstance(files, dict):
         raise IntegrityError(f"{root}/config.json lists no checksums of the tensor files")
-    for name in _TENSOR_FILES:
+    for name in names:
         if sha256_file(root / name) != files.get(name):
             raise IntegrityError(
                 f"{root / name} does not match the sha256 in config.json: the file is corrupt, "
