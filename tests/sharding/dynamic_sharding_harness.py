@@ -149,6 +149,20 @@ def interleaved(e: ec.EmbeddingEngine, ranks: list[int]) -> list[dict[str, Any]]
     return out
 
 
+def reused(e: ec.EmbeddingEngine, ranks: list[int]) -> dict[str, Any]:
+    """Pipelined, three steps on one prepared batch: each lookup runs before the previous
+    step's update, which must still use its own lookup's rows."""
+    prepared = e.prepare(batch(0, ranks))
+    acts = []
+    for step in range(3):
+        out = e(prepared)
+        grads = gradient(step, ranks, out)
+        sum((out[k] * grads[k]).sum() for k in out).backward()
+        acts.append(out)
+    e.flush()
+    return {"acts": acts, **observe(e)}
+
+
 def worker_dynamic(
     rank: int, world: int, reference_state: str, reference_ckpt: str, ckpt: str
 ) -> dict[str, Any]:
@@ -170,6 +184,7 @@ def worker_dynamic(
     out["resumed_from_checkpoint"] = train(from_ckpt, [rank], range(STEPS, STEPS + 2))
     out["interleaved"] = interleaved(engine(world), [rank])
     out["pipelined"] = train(engine(world, pipelined=True), [rank], range(STEPS))
+    out["reused"] = reused(engine(world, pipelined=True), [rank])
     return out
 
 

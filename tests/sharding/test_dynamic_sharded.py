@@ -38,6 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
             after = {k: torch.as_tensor(v).clone() for k, v in fresh.state_dict().items()}
     interleaved = d.interleaved(d.engine(None), list(range(WORLD)))
     pipelined = d.train(d.engine(None, pipelined=True), list(range(WORLD)), range(d.STEPS))
+    reused = d.reused(d.engine(None, pipelined=True), list(range(WORLD)))
     ranks = h.launch(
         "dynamic_sharding_harness:worker_dynamic",
         WORLD,
@@ -60,6 +61,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "resumed": resumed,
         "interleaved": interleaved,
         "pipelined": pipelined,
+        "reused": reused,
         "ranks": ranks,
         "by_2_ranks": str(tmp / "by-2-ranks"),
         "after": after,
@@ -96,6 +98,19 @@ def test_pipelined_training_without_eviction_equals_one_process(runs: dict):
     # Each update lands after the next training lookup (one step stale), on both sides.
     for rank in range(WORLD):
         assert_same_steps(runs["ranks"][rank]["pipelined"], runs["pipelined"], rank, 0)
+
+
+def test_pipelined_updates_of_a_reused_prepared_batch_use_their_own_lookups_rows(runs: dict):
+    want = runs["reused"]
+    assert want["info"]["dropped_gradients"] > 0  # keys pending in one lookup, admitted next
+    for rank in range(WORLD):
+        got = runs["ranks"][rank]["reused"]
+        for g, w in zip(got["acts"], want["acts"], strict=True):
+            for name, value in w.items():
+                assert torch.equal(g[name], own_rows(value, 0, rank)), (rank, name)
+        assert got["info"] == want["info"] and torch.equal(got["keys"], want["keys"])
+        for k, v in want["state"].items():
+            assert torch.equal(got["state"][k], v), (rank, k)
 
 
 def test_updates_use_the_rows_of_their_training_lookup(runs: dict):

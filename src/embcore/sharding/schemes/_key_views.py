@@ -10,7 +10,7 @@ tables").
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +40,7 @@ class KeyViews:
     rank: int
     world: int
     step: int
-    _trained: OrderedDict
+    _trained: deque
 
     if TYPE_CHECKING:  # KeyHash's
 

@@ -27,7 +27,7 @@ later). See ``docs/sharding.md`` ("Dynamic tables").
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -67,7 +67,8 @@ class _Forward:
     rows: Tensor | None = None  # owners: their rows
 
 
-#: training lookups whose rows are remembered until their update (as one process does)
+#: training lookups (per feature of the table) whose rows are remembered until their update,
+#: as one process does
 _REMEMBERED = 8
 #: how an owner finds the rows of an update's keys: the rows of their training lookup, those
 #: rows where their keys still hold them (an eviction came between), or the rows held now
@@ -156,8 +157,9 @@ class KeyHash(KeyViews, Scheme):
         self.max_rows: int | None = eviction.max_rows if eviction is not None else None
         #: steps ended (every rank counts, owner or not: the key spaces' step)
         self.step = 0
-        # id(batch) -> (batch, (N,) rows of its keys at its training lookup, step then)
-        self._trained: OrderedDict[int, tuple[FeatureBatch, Tensor, int]] = OrderedDict()
+        # (batch, (N,) rows of its keys at its training lookup, step then), oldest first:
+        # updates come in the order of their lookups (a batch may be looked up more than once)
+        self._trained: deque[tuple[FeatureBatch, Tensor, int]] = deque()
 
     def piece(self, rank: int) -> Piece | None:
         return None  # a dynamic table has no rows by range: see ``rows``
@@ -265,10 +267,10 @@ class KeyHash(KeyViews, Scheme):
         at = 0
         for b in ctx.batches:
             n = b.values.numel()
-            self._trained[id(b)] = (b, by_unique[ctx.inverse[at : at + n]], self.step)
+            self._trained.append((b, by_unique[ctx.inverse[at : at + n]], self.step))
             at += n
-            while len(self._trained) > _REMEMBERED:
-                self._trained.popitem(last=False)
+            while len(self._trained) > _REMEMBERED * max(1, len(self.features)):
+                self._trained.popleft()
 
     def grad_dist(
         self, batches: list[FeatureBatch], grads: list[Tensor], ex: Exchange, reducer: Reducer
@@ -276,12 +278,13 @@ class KeyHash(KeyViews, Scheme):
         """Every key occurrence's contribution to the key's owner, with the key and the row
         its training lookup gave it."""
         for batch, grad in zip(batches, grads, strict=True):
-            entry = self._trained.pop(id(batch), None)
-            if entry is None or entry[0] is not batch:  # never looked up for training
+            i = next((i for i, e in enumerate(self._trained) if e[0] is batch), None)
+            if i is None:  # never looked up for training
                 mode, looked_up = _HELD_NOW, torch.full_like(batch.values, -1)
-            else:
-                mode = _AS_LOOKED_UP if entry[2] == self.step else _IF_STILL_HELD
-                looked_up = entry[1]
+            else:  # its oldest training lookup
+                _, looked_up, step = self._trained[i]
+                del self._trained[i]
+                mode = _AS_LOOKED_UP if step == self.step else _IF_STILL_HELD
             contrib = contributions(batch, grad)  # (N, dim)
             order, counts = self._split(batch.values)
             parts = zip(
