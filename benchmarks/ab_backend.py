@@ -6,7 +6,8 @@ the same tables, batches and gradients. Each repeat times, for A then B then A .
 alternates), the forward lookup into a stacked ``(B, T, dim)`` output, the finiteness check
 and the update with the stacked gradient's slices (and within it the dedup kernel and
 the optimizer kernel); printed are the medians per phase and
-the B/A ratios taken within each repeat::
+the B/A ratios taken within each repeat. Times are process CPU time (the kernels run on the
+process's own threads), which holds better than wall time when other jobs share the cores::
 
     python benchmarks/ab_backend.py --base HEAD           # W1, Adagrad, 15 repeats
     python benchmarks/ab_backend.py --base HEAD~2 --workload W2 --threads 1
@@ -61,14 +62,20 @@ def base_backend(revision: str, into: Path) -> ModuleType:
     return importlib.import_module("embcore_base_cpu")
 
 
+def _clock() -> float:
+    """Process CPU time: unlike wall time it leaves out the time the process waits for a core
+    on a shared machine (the kernels run on this process's threads)."""
+    return time.process_time()
+
+
 def _timed_run(run: Callable[..., Any], spent: dict[str, float]) -> Callable[..., Any]:
     def wrapper(kernel: Callable[..., Any], *args: Any, workers: int) -> Any:
-        start = time.perf_counter()
+        start = _clock()
         try:
             return run(kernel, *args, workers=workers)
         finally:
             name = kernel.__name__
-            spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+            spent[name] = spent.get(name, 0.0) + _clock() - start
 
     return wrapper
 
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = make_batches(workload, 4)
         run = Run(workload, args.optimizer, batches)
         engine = run.engine
-        states = engine._states()
+        states = engine.store._states()
         prepared = [engine._by_table(engine._prepare(x, None)) for x in run.inputs]
         count = len(engine.feature_names)
         shape = (workload.batch, count, workload.dim)
@@ -110,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         def step(backend: ModuleType, i: int) -> dict[str, float]:
             feats, grad = prepared[i % len(prepared)], grads[i % len(grads)]
             kernel_time.clear()
-            t0 = time.perf_counter()
+            t0 = _clock()
             backend.lookup(states, feats, out=slices)
-            t1 = time.perf_counter()
+            t1 = _clock()
             backend.non_finite([grad])
-            t2 = time.perf_counter()
+            t2 = _clock()
             parts = engine._by_table([grad[:, f, :] for f in range(count)])
             backend.update(states, feats, parts, lrs, i + 1)
-            t3 = time.perf_counter()
+            t3 = _clock()
             dedup = kernel_time.get("unique_gradients", 0.0)
             rule = sum(v for k, v in kernel_time.items() if k in ("update", "update_all"))
             return {

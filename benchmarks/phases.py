@@ -12,11 +12,13 @@ table (docs/cpu_backend.md quotes one)::
     python benchmarks/phases.py                  # W1, 3 warm-up + 12 timed steps per path
     python benchmarks/phases.py --workload W1-quick --steps 4
     python benchmarks/phases.py --mainjob        # the main job's step (embcore train defaults)
+    python benchmarks/phases.py --optimizer rowwise_adagrad --peer   # FBGEMM TBE in turn
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -103,10 +105,11 @@ def _phases(spent: dict[str, float], step: float) -> dict[str, float]:
     return kernels
 
 
-def bytes_moved(workload: Any, batches: list[Any]) -> dict[str, float]:
+def bytes_moved(workload: Any, batches: list[Any], optimizer: str) -> dict[str, float]:
     """Bytes each phase must move for an average batch (float32 rows of ``dim``; Adagrad: one
-    slot float per element)."""
+    slot float per element, RowwiseAdagrad: one per row)."""
     row = 4 * workload.dim
+    slot = row if optimizer == "adagrad" else 4
     ids = np.mean([b.ids for b in batches])
     unique = np.mean([sum(b.unique) for b in batches])
     act = workload.batch * workload.tables * row  # one activation row per sample per feature
@@ -117,8 +120,17 @@ def bytes_moved(workload: Any, batches: list[Any]) -> dict[str, float]:
         # gradients read, the index entry of each id (a cache line), the summed block written
         "backward: dedup + gradient sums (kernel)": act + ids * 64 + unique * row,
         # summed block read; each unique row's weights and slot read and written
-        "update: optimizer rule (kernel)": unique * row + 4 * unique * row,
+        "update: optimizer rule (kernel)": unique * row + 2 * unique * (row + slot),
     }
+
+
+def _fbgemm(workload: Any, optimizer: str, batches: list[Any]) -> Any:
+    from sidebyside.systems import fbgemm_tbe
+
+    missing = fbgemm_tbe.unavailable()
+    if missing:
+        raise SystemExit(f"--peer: {missing}")
+    return fbgemm_tbe.build(workload, optimizer, batches)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,34 +145,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12, help="timed steps per path")
     p.add_argument("--threads", type=int)
     p.add_argument("--mainjob", action="store_true", help="the main job's step instead of W1")
+    p.add_argument("--optimizer", default="adagrad", choices=["adagrad", "rowwise_adagrad"])
+    p.add_argument(
+        "--peer",
+        action="store_true",
+        help="also step FBGEMM TBE (same optimizer, batches) in turn: whole-step times only",
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
+    _instrument()  # before any engine is built: an engine reads the backend's entry points once
     if args.mainjob:
         return _mainjob(args)
     workload = WORKLOADS[args.workload]
     batches = make_batches(workload, 4)
-    run = Run(workload, "adagrad", batches)
-    _instrument()
+    run = Run(workload, args.optimizer, batches)
+    peer = _fbgemm(workload, args.optimizer, batches) if args.peer else None
     paths = {"stacked": True, "dict": False}
     per_path: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
+    peer_times: list[tuple[float, float]] = []
     for i in range(args.warmup + args.steps):
+        if peer is not None:
+            start, cpu = time.perf_counter(), time.process_time()
+            peer.step(i % len(batches))
+            if i >= args.warmup:
+                peer_times.append((time.perf_counter() - start, time.process_time() - cpu))
         for name, stacked in paths.items():  # interleaved: stacked, dict, stacked, dict, ...
             run.stacked = stacked
             _spent.clear()
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             run.step(i % len(batches))
-            step = time.perf_counter() - start
+            step, cpu = time.perf_counter() - start, time.process_time() - cpu
             if i >= args.warmup:
                 per_path[name].append(_phases(_spent, step))
+                per_path[name][-1]["whole step, CPU time"] = cpu
                 per_path[name][-1]["page faults"] = (
                     resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
                 )
-    moved = bytes_moved(workload, batches)
+    moved = bytes_moved(workload, batches, args.optimizer)
     print(
-        f"{workload.name}, Adagrad, {torch.get_num_threads()} threads: median ms per step "
+        f"{workload.name}, {args.optimizer}, {torch.get_num_threads()} threads: median ms per step "
         f"over {args.steps} steps per path (interleaved), bytes each phase must move"
     )
     print()
@@ -177,12 +203,27 @@ def main(argv: list[str] | None = None) -> int:
         rate = "" if mb is None or ms["stacked"] <= 0 else f"{mb / ms['stacked'] / 1e6:.1f}"
         mb_text = "" if mb is None else f"{mb / 1e6:.1f}"
         print(f"| {phase} | {ms['stacked']:.2f} | {ms['dict']:.2f} | {mb_text} | {rate} |")
+    cpu = {n: [r["whole step, CPU time"] for r in rows] for n, rows in per_path.items()}
+    ms = {n: 1e3 * float(np.median(c)) for n, c in cpu.items()}
+    print(f"| whole step, process CPU time | {ms['stacked']:.2f} | {ms['dict']:.2f} | | |")
+    ratio = np.median([d / s for d, s in zip(cpu["dict"], cpu["stacked"], strict=True)])
+    if peer_times:
+        wall, peer_cpu = (1e3 * float(np.median(x)) for x in zip(*peer_times, strict=True))
+        over = np.median([p[1] / s for p, s in zip(peer_times, cpu["stacked"], strict=True)])
+        print(f"| FBGEMM TBE whole step (wall / CPU time) | {wall:.2f} / {peer_cpu:.2f} | | | |")
+        print()
+        print(f"FBGEMM / embcore stacked(), median of per-step CPU-time ratios: {over:.3f}")
+    print()
+    print(
+        f"dict / stacked, median of per-step CPU-time ratios: {ratio:.3f}; 1-minute load "
+        f"average {os.getloadavg()[0]:.1f} at the end (CPU time does not count the time a "
+        "descheduled thread waits, so it holds better than wall time on a shared machine)"
+    )
     return 0
 
 
 def _mainjob(args: argparse.Namespace) -> int:
     step, cfg = embcore_step([f"train.threads={args.threads or 1}"], args.warmup + args.steps)
-    _instrument()
     rows = []
     for i in range(args.warmup + args.steps):
         _spent.clear()

@@ -6,8 +6,9 @@ same batches of the built-in synthetic source, stepping as the job's loop does: 
 binary cross-entropy, backward, a dense Adam step at the loop's learning-rate schedule.
 
 * **embcore**: the job's own model, whose engine updates the tables (Adagrad) inside
-  ``loss.backward()``; inputs prepared ahead with ``engine.prepare`` (the loop does that in
-  its ``Prefetcher`` thread).
+  ``loss.backward()``, and its dense optimizer (``dense_optimizer``: Adam's fused kernel);
+  inputs prepared ahead with ``engine.prepare`` (the loop does that in its ``Prefetcher``
+  thread).
 * **plain PyTorch**: one ``nn.EmbeddingBag(mode="sum", sparse=True)`` per feature with
   ``torch.optim.Adagrad`` (same rate and starting accumulator), ``torch.optim.Adam`` for the
   dense part; per-feature ids and offsets split out ahead (what a data loader would do).
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embcore.train.config import Config
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.model import build_model, dense_lr, dense_optimizer, embedding_optimizer
 from embcore.train.sources import build_source
 
 __all__ = ["MainJobOptions", "embcore_step", "markdown", "run"]
@@ -86,7 +87,7 @@ def _embcore(cfg: Config, source: Any, data: list[Any]) -> Step:
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
     )
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
+    opt = dense_optimizer(model, cfg.optim)  # as embcore train
     inputs = [(b.dense, b.labels, model.engine.prepare(model.features(b.sparse))) for b in data]
     model.train()
     counter = itertools.count(1)

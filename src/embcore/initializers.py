@@ -42,11 +42,13 @@ def _truncated_normal_rows(
     gen = torch.Generator()
     for block in range(first, last + 1):
         lo, hi = block * BLOCK_ROWS, min((block + 1) * BLOCK_ROWS, vocabulary_size)
-        rows = torch.empty(hi - lo, dim, dtype=torch.float32)
+        a, b = max(lo, start), min(hi, stop)
+        whole = (a, b) == (lo, hi)  # the block lies inside the range: draw it in place
+        rows = out[a - start : b - start] if whole else torch.empty(hi - lo, dim, dtype=out.dtype)
         gen.manual_seed(_block_seed(seed, table, block))
         torch.nn.init.trunc_normal_(rows, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=gen)
-        a, b = max(lo, start), min(hi, stop)
-        out[a - start : b - start] = rows[a - lo : b - lo]
+        if not whole:
+            out[a - start : b - start] = rows[a - lo : b - lo]
     return out
 
 

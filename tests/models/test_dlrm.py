@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import embcore as ec
 from embcore.models import DLRM, CrossInteraction, DotInteraction
+from embcore.models.dlrm import Linear
 
 
 def test_dot_interaction_is_dense_plus_each_pairwise_dot_once() -> None:
@@ -16,6 +18,45 @@ def test_dot_interaction_is_dense_plus_each_pairwise_dot_once() -> None:
     want = torch.cat([dense, torch.stack(pairs, 1)], 1)
     assert out.shape == (5, 4 + 6)
     torch.testing.assert_close(out, want)
+
+
+def test_dot_interaction_gradients_are_those_of_the_written_out_dots() -> None:
+    torch.manual_seed(1)
+    dense = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    sparse = torch.randn(6, 3, 4, dtype=torch.float64, requires_grad=True)
+    layer = DotInteraction(3, 4)
+    weights = torch.randn(6, layer.output_dim, dtype=torch.float64)
+    (layer(dense, sparse) * weights).sum().backward()
+    got = dense.grad, sparse.grad
+    # the same loss through autograd's own product rule on each dot
+    d, s = dense.detach().requires_grad_(), sparse.detach().requires_grad_()
+    vectors = [d] + [s[:, f] for f in range(3)]
+    pairs = [(vectors[i] * vectors[j]).sum(1) for i in range(4) for j in range(i)]
+    (torch.cat([d, torch.stack(pairs, 1)], 1) * weights).sum().backward()
+    torch.testing.assert_close(got, (d.grad, s.grad))
+    assert torch.autograd.gradcheck(layer, (dense, sparse))
+
+
+@pytest.mark.parametrize("width", [13, 16, 367])
+def test_mlp_linear_gradients_are_those_of_x_wt_plus_b(width: int) -> None:
+    torch.manual_seed(2)
+    layer = Linear(width, 5)
+    x = torch.randn(7, width, requires_grad=True)
+    upstream = torch.randn(7, 5)
+    (layer(x) * upstream).sum().backward()
+    # the same in float64 through autograd's own matmul
+    w64 = layer.weight.detach().double().requires_grad_()
+    b64 = layer.bias.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    ((x64 @ w64.T + b64) * upstream.double()).sum().backward()
+    for got, want in [
+        (x.grad, x64.grad),
+        (layer.weight.grad, w64.grad),
+        (layer.bias.grad, b64.grad),
+    ]:
+        torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # serving: a plain nn.Linear
+        torch.testing.assert_close(layer(x), x @ layer.weight.T + layer.bias)
 
 
 def test_cross_interaction_follows_the_dcn_v2_formula() -> None:

@@ -4,7 +4,8 @@ over a table store that holds the rows and runs the kernels.
 * :mod:`._engine`: :class:`EmbeddingEngine`; :mod:`._batch`: :class:`PreparedBatch`;
 * :mod:`._store`: the :class:`TableStore` contract and the choice of a store;
   :mod:`._local`: the single-process store (``embcore.sharding`` has the sharded one);
-* :mod:`._autograd`, :mod:`._enqueue`: the two ways to train;
+* :mod:`._autograd`, :mod:`._enqueue`: the two ways to train; :mod:`._compiled`: the
+  engine under ``torch.compile`` (the ``torch.ops.embcore`` operators);
 * :mod:`._gradients`, :mod:`._rates`, :mod:`._pipeline`: what happens between a gradient
   and an update.
 

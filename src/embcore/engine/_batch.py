@@ -5,13 +5,14 @@ See docs/architecture.md for where preparing sits in a training step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from embcore.config import FeatureConfig
+from embcore.config import FeatureConfig, ResolvedFeature, ResolvedTable
 from embcore.inputs import FeatureBatch
 
-__all__ = ["PreparedBatch", "is_feature"]
+__all__ = ["PreparedBatch", "is_feature", "stacked_shape"]
 
 
 def is_feature(x: Any) -> bool:
@@ -29,3 +30,27 @@ class PreparedBatch:
 
     batches: tuple[FeatureBatch, ...]
     engine: int  # id() of the engine that prepared it
+
+
+def stacked_shape(
+    features: Sequence[ResolvedFeature],
+    tables: Sequence[ResolvedTable],
+    shapes: Sequence[tuple[int, ...]],
+) -> tuple[int, ...]:
+    """``(*output_shape, F, dim)``: the shape of ``EmbeddingEngine.stacked``'s result for
+    features with these output shapes.
+
+    Raises:
+        ValueError: the features differ in output shape or dim (naming them).
+    """
+    first = features[0]
+    shape, dim = shapes[0], tables[first.table].dim
+    for f, s in zip(features, shapes, strict=True):
+        if s != shape or tables[f.table].dim != dim:
+            raise ValueError(
+                f"EmbeddingEngine.stacked: feature '{f.name}' has output shape "
+                f"{s} and dim {tables[f.table].dim}, but feature "
+                f"'{first.name}' has {shape} and {dim}; stacked() needs every feature to "
+                "share both (use forward() for mixed features)"
+            )
+    return (*shape, len(features), dim)

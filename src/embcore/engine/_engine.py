@@ -24,7 +24,8 @@ from embcore import nest, ops
 from embcore._validate import check_int
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
-from embcore.engine._batch import PreparedBatch, is_feature
+from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
+from embcore.engine._compiled import attach_ops, compiled_lookup
 from embcore.engine._dynamic import DynamicTablesAPI, evicting
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import (
@@ -138,6 +139,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
         self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
         self._evicting = evicting(self._tables)
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
+        attach_ops(self)  # the torch.ops.embcore operators' way to this engine
         self.skipped_steps = 0
         self._pending: Pending | None = None
         self._pipeline = UpdatePipeline()
@@ -150,6 +152,10 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
                 seed=self.seed,
                 world_size=self.store.comm.world,
             )
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        attach_ops(self)  # a copy (deepcopy, pickle) gets its own operator handle
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -380,6 +386,8 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
         Args and returns as :meth:`enqueue` and :meth:`dequeue`. Outside training mode, under
         ``torch.no_grad()``, or with lookup-only tables, this is a plain lookup.
         """
+        if (out := compiled_lookup(self, features, weights, stacked=False)) is not None:
+            return out
         batches = self._batches(features, weights)
         if not self._trains():
             return self._pack(self._lookup(batches), batches)
@@ -412,18 +420,10 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
         Raises:
             ValueError: the features differ in output shape or dim (naming them).
         """
+        if (out := compiled_lookup(self, features, weights, stacked=True)) is not None:
+            return out
         batches = self._batches(features, weights)
-        first = self._features[0]
-        shape, dim = batches[0].output_shape, self._tables[first.table].dim
-        for f, b in zip(self._features, batches, strict=True):
-            if b.output_shape != shape or self._tables[f.table].dim != dim:
-                raise ValueError(
-                    f"EmbeddingEngine.stacked: feature '{f.name}' has output shape "
-                    f"{b.output_shape} and dim {self._tables[f.table].dim}, but feature "
-                    f"'{first.name}' has {shape} and {dim}; stacked() needs every feature to "
-                    "share both (use forward() for mixed features)"
-                )
-        shape = (*shape, len(batches), dim)
+        shape = stacked_shape(self._features, self._tables, [b.output_shape for b in batches])
         if not self._trains():
             out = torch.empty(shape, dtype=torch.float32, device=self.device)
             self._lookup(batches, out=out)

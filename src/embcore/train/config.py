@@ -225,6 +225,9 @@ class RunConfig(_Section):
         pipeline: the engine's pipelined execution (docs/semantics.md §4.5): step N's
             embedding update lands after step N+1's lookup, so lookups read one-step-stale
             rows; changes results slightly (see docs/pipelining_and_stats.md).
+        compile: run the model through ``torch.compile`` (Inductor; the engine's lookup and
+            update as ``torch.ops.embcore`` operators): the same losses up to float32
+            rounding; the first step compiles (see docs/main_job.md, "torch.compile").
     """
 
     _name = "train"
@@ -239,6 +242,7 @@ class RunConfig(_Section):
     progress: bool = True
     plot: bool = True
     pipeline: bool = False
+    compile: bool = False
 
     def _check(self) -> None:
         for name in ("steps", "eval_every", "log_every", "checkpoint_every", "keep_checkpoints"):

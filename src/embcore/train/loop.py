@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from embcore.errors import UserError, reading
 from embcore.models import DLRM
 from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
 from embcore.train.metrics import auc, log_loss
-from embcore.train.model import build_model, dense_lr, embedding_optimizer
+from embcore.train.model import build_model, dense_lr, dense_optimizer, embedding_optimizer
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
 from embcore.train.run_dir import RunDirectory
@@ -227,7 +228,8 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
+    optimizer = dense_optimizer(model, cfg.optim)
+    forward = compiled(model) if cfg.train.compile else model
     found = run_dir.open(echo)
     state = RunState()
     if found is not None:
@@ -265,11 +267,13 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
             state.step += 1
             for group in optimizer.param_groups:
                 group["lr"] = dense_lr(cfg.optim, state.step, cfg.train.steps)
-            loss = F.binary_cross_entropy_with_logits(model(dense, prepared), y)
+            loss = F.binary_cross_entropy_with_logits(forward(dense, prepared), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # also applies the engine's optimizer to the looked-up rows
             optimizer.step()
             samples += y.shape[0]
+            if cfg.train.compile and state.step == resumed_from + 1:
+                log(f"torch.compile: the first step, compiling, took {_since(tick):.1f} s")
             closed = state.add_loss(loss.detach().item(), cfg.train.log_every)
             if bar is not None:
                 bar.update(y.shape[0], state.history["loss"][-1][1] if closed else None)
@@ -323,6 +327,19 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
     if state.step == cfg.train.steps:
         _write_outputs(result, echo)
     return result
+
+
+def compiled(model: DLRM) -> Any:
+    """``torch.compile(model)``: one graph with the engine's operators, compiled by Inductor at
+    the first call; batch sizes may vary (one recompilation makes the graph size-generic)."""
+    with warnings.catch_warnings():  # Inductor's own import uses a deprecated TorchScript API
+        warnings.filterwarnings("ignore", "`torch.jit.script_method`", DeprecationWarning)
+        import torch._inductor.compile_fx
+    return torch.compile(model)
+
+
+def _since(tick: float) -> float:
+    return time.perf_counter() - tick
 
 
 def _interrupted(step: int, checkpoint: Path | None) -> str:

@@ -1,0 +1,160 @@
+"""The engine inside ``torch.compile``: its lookup and update as ``torch.ops.embcore`` operators.
+
+Under ``torch.compile`` the engine's ``forward`` and ``stacked`` hand the batch's tensors to
+``embcore::lookup`` (:mod:`embcore.ops._library`), whose backward is ``embcore::update``; the
+work behind both is :class:`EngineOps`, the engine's registered target. Nothing in the traced
+code reads a tensor's values: a :class:`PreparedBatch` was validated when it was prepared, and
+raw dense ids are validated inside the operator, with the errors of an eager call. Inputs the
+operators do not take (sparse, ragged, TorchRec or weighted ids given raw) run the eager path.
+See docs/architecture.md, "Custom operators".
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from embcore import nest
+from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
+from embcore.inputs import FeatureBatch, to_feature_batch
+from embcore.ops import _library
+
+__all__ = ["EngineOps", "attach_ops", "compiled_lookup"]
+
+
+class EngineOps:
+    """The engine's side of the operators (:class:`embcore.ops._library.OpTarget`); holds
+    its engine weakly, so an engine is still freed by reference counting alone."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = weakref.ref(engine)
+        self.handle = _library.register(self)
+        # what the activations' autograd hangs on (a tensor made inside a compiled region
+        # cannot require grad); its gradient, always empty, is the update's result
+        self.anchor = torch.zeros(0, requires_grad=True)
+
+    def __reduce__(self) -> tuple:
+        # a copy or a pickle of the engine registers a target of its own (attach_ops, from
+        # EmbeddingEngine.__setstate__): nothing of this one travels
+        return (_unattached, ())
+
+    @property
+    def engine(self) -> Any:
+        engine = self._engine()
+        if engine is None:
+            raise RuntimeError("embcore: the engine of this operator call was deleted")
+        return engine
+
+    def op_dims(self) -> list[int]:
+        e = self.engine
+        return [e._tables[f.table].dim for f in e._features]
+
+    def op_device(self) -> torch.device:
+        return self.engine.device
+
+    def op_convert(self, ids: Sequence[Tensor], observe: bool) -> list[FeatureBatch]:
+        e = self.engine
+        batches = [
+            to_feature_batch(f, e._tables[f.table], x, None, e.device)
+            for f, x in zip(e._features, ids, strict=True)
+        ]
+        if observe and e._stats is not None:
+            e._stats.maybe_observe(e._by_table(batches))
+        return batches
+
+    def op_lookup(self, batches: list[FeatureBatch], stacked: bool, training: bool) -> list[Tensor]:
+        e = self.engine
+        if not stacked:  # an operator's outputs may not share memory (a backend's may)
+            outs, storages = [], set()
+            for act in e._lookup(batches, training=training):
+                storage = act.untyped_storage().data_ptr()
+                outs.append(act.clone() if act._base is not None or storage in storages else act)
+                storages.add(storage)
+            return outs
+        dim = e._tables[e._features[0].table].dim
+        out = torch.empty(
+            (batches[0].num_samples, len(batches), dim), dtype=torch.float32, device=e.device
+        )
+        e._lookup(batches, out=out, training=training)
+        return [out]
+
+    def op_update(self, batches: list[FeatureBatch], grads: list[Tensor], stacked: bool) -> None:
+        e = self.engine
+        whole = None
+        if stacked and grads[0].dim() == 3:
+            grad = grads[0].detach().to(torch.float32)
+            whole = grad if grad.is_contiguous() else None
+            flat: list[Tensor | None] = [grad[:, f, :] for f in range(len(batches))]
+        elif stacked:  # the output was not used: zeros
+            flat = [None] * len(batches)
+        else:
+            flat = [g if g.numel() else None for g in grads]  # empty: unused (zeros)
+        checked, error = e._check(batches, flat)
+        e._update(batches, checked, error, whole)
+
+
+def _unattached() -> None:
+    """What a copied :class:`EngineOps` becomes until its engine attaches a new one."""
+    return None
+
+
+def attach_ops(engine: Any) -> None:
+    """Give ``engine`` its operator target and handle (``engine._handle``: an int attribute
+    of the module, which ``torch.compile`` specializes on, so each engine gets its own graph)."""
+    engine._ops = EngineOps(engine)
+    engine._handle = engine._ops.handle
+
+
+def _is_plain_dense(feature: Any, ids: Any) -> bool:
+    """Whether the operators take these raw ids: a dense integer tensor, one id per sample,
+    for a pooled feature without a configured output shape."""
+    cfg = feature.config
+    return (
+        isinstance(ids, Tensor)
+        and ids.layout == torch.strided
+        and not ids.is_floating_point()
+        and not ids.is_complex()
+        and (ids.dim() == 1 or (ids.dim() >= 2 and ids.shape[-1] == 1))
+        and cfg.max_sequence_length == 0
+        and cfg.output_shape is None
+    )
+
+
+def compiled_lookup(engine: Any, features: Any, weights: Any, stacked: bool) -> Any:
+    """The activations through ``embcore::lookup`` (as ``forward``, or as ``stacked``), or
+    ``None`` outside ``torch.compile`` and when the inputs need the eager path."""
+    if not torch.compiler.is_compiling():
+        return None
+    if isinstance(features, PreparedBatch):
+        if features.engine != id(engine) or weights is not None:
+            return None  # the eager path raises its error
+        batches = features.batches
+        values = [b.values for b in batches]
+        offsets = [b.offsets for b in batches]
+        ws = [b.weights for b in batches]
+        combiners = [_library.COMBINERS.index(b.combiner) for b in batches]
+        shapes = [b.output_shape for b in batches]
+    else:
+        if weights is not None or not isinstance(features, (Tensor, dict, list, tuple)):
+            return None  # TorchRec's KeyedJaggedTensor, or a mistake the eager path names
+        values = engine._flatten(features, "features")
+        if not all(_is_plain_dense(f, x) for f, x in zip(engine._features, values, strict=True)):
+            return None
+        offsets, ws, combiners = [], [None] * len(values), []
+        shapes = [tuple(x.shape) if x.dim() == 1 else tuple(x.shape[:-1]) for x in values]
+    dims = [engine._tables[f.table].dim for f in engine._features]
+    if stacked:
+        stacked_shape(engine._features, engine._tables, shapes)  # raises as the eager path
+    training = engine._trains()
+    anchor = engine._ops.anchor if training else torch.zeros(0)
+    outs = torch.ops.embcore.lookup(
+        engine._handle, values, offsets, ws, combiners, stacked, training, anchor
+    )
+    if stacked:
+        return outs[0].view(*shapes[0], len(dims), dims[0])
+    shaped = [a.view(*s, d) for a, s, d in zip(outs, shapes, dims, strict=True)]
+    return nest.pack(engine._structure, shaped, is_leaf=is_feature)
