@@ -36,7 +36,7 @@ from embcore.engine._gradients import (
 )
 from embcore.engine._pipeline import UpdatePipeline, pipelining
 from embcore.engine._rates import learning_rates
-from embcore.engine._state_dict import load_state, save_state
+from embcore.engine._state_dict import StateDictMethods
 from embcore.engine._store import (
     CounterTensor,
     StoreConfig,
@@ -55,7 +55,7 @@ from embcore.stats import StatsCollector
 __all__ = ["EmbeddingEngine"]
 
 
-class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
+class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Module):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
     Args:
@@ -232,17 +232,6 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, nn.Module):
         return self.store.describe(f"backend={self.backend!r}, tables=[{'; '.join(parts)}]")
 
     # ------------------------------------------------------------------------ state dict
-    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        """``step``, then ``{table}.weight`` and ``{table}.{slot}`` (``_state_dict``)."""
-        save_state(self, destination, prefix, keep_vars)
-
-    def _load_from_state_dict(
-        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool, *lists: list
-    ) -> None:
-        missing_keys, unexpected_keys, error_msgs = lists
-        errors = load_state(self, state_dict, prefix, strict, missing_keys, unexpected_keys)
-        error_msgs.extend(errors)
-
     def checkpoint_tensors(self) -> list[StoredTensor]:
         """``step`` and every stored tensor (:meth:`TableStore.tensors`), as checkpoints
         write and read them (call :meth:`flush` first, :meth:`discard_pending` after a load)."""

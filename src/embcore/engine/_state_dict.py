@@ -4,7 +4,8 @@ Keys and shapes are the logical tables' whatever the store (a sharded engine's s
 equals the single-process one's), so state dicts move between stores. A dynamic table's
 entries are its keys and everything stored per key (``{table}.keys``, ``{table}.weight``,
 ``{table}.{slot}``, ``{table}.freq``, ...: docs/dynamic_tables.md), ``(R, ...)`` in key
-order. See docs/architecture.md.
+order. ``load_state_dict(strict=False)`` loads every entry present and reports the rest, as
+torch does; see docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -13,12 +14,46 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from embcore.config import ResolvedTable
 from embcore.engine._store import stored_names
 
-__all__ = ["check_state_dict", "load_state", "save_state", "state_items"]
+__all__ = ["StateDictMethods", "check_state_dict", "load_state", "save_state", "state_items"]
+
+
+class StateDictMethods:
+    """The engine's ``state_dict``/``load_state_dict`` (mixed into ``EmbeddingEngine``).
+
+    torch calls every module's ``_load_from_state_dict`` with ``strict=True`` whatever the
+    caller asked and raises for missing or unexpected keys only afterwards, so the engine
+    remembers the ``strict`` of its own ``load_state_dict``: a strict load with a key missing
+    or unexpected loads nothing, a non-strict one loads every entry present. Inside a larger
+    module's ``load_state_dict`` the engine loads what is present, as torch's modules do, and
+    the outer call raises if it was strict.
+    """
+
+    _strict_load: bool | None = None
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """torch's ``load_state_dict``; returns ``(missing_keys, unexpected_keys)``."""
+        self._strict_load = strict
+        try:
+            return nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)  # type: ignore[arg-type]
+        finally:
+            self._strict_load = None
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """``step``, then ``{table}.weight`` and ``{table}.{slot}``: :func:`save_state`."""
+        save_state(self, destination, prefix, keep_vars)
+
+    def _load_from_state_dict(
+        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool, *lists: list
+    ) -> None:
+        missing_keys, unexpected_keys, error_msgs = lists
+        strict = bool(self._strict_load)  # torch always passes True (see the class docstring)
+        errors = load_state(self, state_dict, prefix, strict, missing_keys, unexpected_keys)
+        error_msgs.extend(errors)
 
 
 def state_items(tables: Sequence[ResolvedTable]) -> dict[str, tuple[int, str]]:
@@ -66,14 +101,16 @@ def load_state(
     engine: Any, state_dict: dict, prefix: str, strict: bool, missing: list, unexpected: list
 ) -> list[str]:
     """``engine``'s ``_load_from_state_dict``: extends ``missing`` and ``unexpected``, loads
-    nothing when a value is wrong (the messages are returned) or, with ``strict``, a key is
-    missing or unexpected."""
+    nothing when a value is wrong or a dynamic table's state is partial (the messages are
+    returned) or, with ``strict``, a key is missing or unexpected; else loads every entry
+    present (a dynamic table whole, with all its parts, or not at all)."""
     items = {prefix + k: v for k, v in state_items(engine.tables).items()}
     expected = {f"{prefix}step": ()} | {
         k: engine.store.shape(*v) for k, v in items.items() if not engine.tables[v[0]].dynamic
     }
     dynamic: dict[int, dict[str, Any]] = {}
     lacking: list[str] = []
+    partial: list[str] = []
     for table in engine.tables:
         if table.dynamic:
             head = f"{prefix}{table.name}."
@@ -84,21 +121,27 @@ def load_state(
                 if k.startswith(head)
                 and (k[len(head) :] in known or k[len(head) :].startswith("pending/"))
             }
-            lacking += [head + n for n in sorted(known - set(given))]
+            lacks = [head + n for n in sorted(known - set(given))]
+            if lacks and given and not strict:  # keys and rows only make sense together
+                partial.append(f"{head[:-1]}: a dynamic table loads whole, lacking {lacks}")
+            lacking += lacks
             expected |= {head + k: tuple(getattr(v, "shape", ())) for k, v in given.items()}
             dynamic[table.index] = given
     absent, extra, errors = check_state_dict(state_dict, prefix, expected)
     lacking += absent
     missing.extend(lacking)
     unexpected.extend(extra)
+    errors += partial
     if errors or (strict and (lacking or extra)):
         return errors  # load nothing: a failed load leaves the engine as it was
+    if not any(k in state_dict for k in expected):
+        return []  # nothing of this engine's (a larger module's non-strict load)
     engine._pipeline.wait()
     with torch.no_grad():
         fixed = [(*v, state_dict[k]) for k, v in items.items() if k in state_dict]
         engine.store.load_full([x for x in fixed if not engine.tables[x[0]].dynamic])
         for t, given in dynamic.items():
-            if "keys" in given:
+            if given:  # whole (checked above), or absent and left as it is
                 engine.store.load_dynamic_state(t, given)
         if f"{prefix}step" in state_dict:
             engine._step.copy_(state_dict[f"{prefix}step"])
