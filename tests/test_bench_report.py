@@ -184,10 +184,6 @@ def test_mainjob_section_replaces_only_its_own_section_of_benchmarks_md() -> Non
     assert mainjob.with_section("# BENCHMARKS\n", text).startswith("# BENCHMARKS\n\n## Main job")
 
 
-# PyTorch's own: Inductor's import uses a deprecated TorchScript decorator, and dynamo
-# instantiates the autograd.Function classes it traces (the DLRM's Linear and interaction)
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
 def test_mainjob_runs_the_compiled_systems_on_a_tiny_config() -> None:
     options = mainjob.MainJobOptions(
         repeats=2,
