@@ -133,7 +133,7 @@ def _compiled_results() -> dict:
         "default_compile": False,
         "step_s": ms,
         "compile_s": {"embcore, compiled": 41.5, "plain PyTorch, compiled": 30.25},
-        "inductor_cache": "cold (a new, empty TORCHINDUCTOR_CACHE_DIR)",
+        "inductor_cache": "cold (a new, empty TORCHINDUCTOR_CACHE_DIR each)",
         "load_average": [1.5, 2.25, 3.0],
     }
 
@@ -152,7 +152,7 @@ def test_mainjob_ratios_of_compiled_and_eager_systems_within_repeats() -> None:
     table = mainjob.markdown(results)
     assert "| embcore, compiled | 32.0 | 41.0 | 50.0 | 2,439 | 32.0, 50.0 |" in table
     assert "| embcore: compiled vs eager | 1.23x | 1.25x, 1.20x |" in table
-    assert "cold (a new, empty TORCHINDUCTOR_CACHE_DIR)" in table
+    assert "cold (a new, empty TORCHINDUCTOR_CACHE_DIR each)" in table
     assert "embcore, compiled 41.5 s, plain PyTorch, compiled 30.2 s" in table
     assert "load average during the run: 1.5 to 3.0" in table
     assert "default mode (eager; same repeat): median 1.75x" in table

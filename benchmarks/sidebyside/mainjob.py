@@ -17,7 +17,7 @@ With ``compile`` (the command's default), both run a second time through ``torch
 as ``embcore train --set train.compile=true`` does (:func:`embcore.train.loop.compiled`: the
 model compiled, the loss, backward and optimizers around it eager; the plain model the same
 way, its ``EmbeddingBag`` s inside the graph). Each compiled system's first step, which
-compiles, is timed on its own: in a fresh, empty Inductor cache directory (a cold compile,
+compiles, is timed on its own, each in a new, empty Inductor cache directory (a cold compile,
 what a first run pays).
 
 Interleaved: every repeat runs each system for ``steps`` timed steps in turn (A B C D, ...);
@@ -220,29 +220,30 @@ def run(options: MainJobOptions, log: Callable[[str], None] = print) -> dict:
             systems[COMPILED[1]] = _plain(cfg, source, data, like, compile=True)
         times: dict[str, list[list[float]]] = {name: [] for name in systems}
         i = 0
-        # a cold compile: an empty cache directory, nothing cached from earlier runs
-        with (
-            tempfile.TemporaryDirectory(prefix="embcore-bench-inductor-") as cache,
-            temporary_cache_dir(cache),
-        ):
-            for name in COMPILED if options.compile else ():
+        for name in COMPILED if options.compile else ():
+            # a cold compile: each in a new, empty cache directory (and Inductor's in-memory
+            # caches cleared), nothing reused from earlier runs or from the other system
+            with (
+                tempfile.TemporaryDirectory(prefix="embcore-bench-inductor-") as cache,
+                temporary_cache_dir(cache),
+            ):
                 loads.append(_load())
                 compile_s[name] = systems[name](i)
+            i += 1
+            log(f"[main job] {name}: the first step, compiling, took {compile_s[name]:.1f} s")
+        for step in systems.values():
+            for _ in range(options.warmup):
+                step(i)
                 i += 1
-                log(f"[main job] {name}: the first step, compiling, took {compile_s[name]:.1f} s")
-            for step in systems.values():
-                for _ in range(options.warmup):
-                    step(i)
-                    i += 1
-            for repeat in range(options.repeats):
-                loads.append(_load())
-                for name, step in systems.items():  # interleaved: A B C D, A B C D, ...
-                    times[name].append([step(i + k) for k in range(options.steps)])
-                    log(
-                        f"[main job, repeat {repeat + 1}] {name}: "
-                        f"{1e3 * float(np.median(times[name][-1])):.1f} ms/step"
-                    )
-                i += options.steps
+        for repeat in range(options.repeats):
+            loads.append(_load())
+            for name, step in systems.items():  # interleaved: A B C D, A B C D, ...
+                times[name].append([step(i + k) for k in range(options.steps)])
+                log(
+                    f"[main job, repeat {repeat + 1}] {name}: "
+                    f"{1e3 * float(np.median(times[name][-1])):.1f} ms/step"
+                )
+            i += options.steps
         loads.append(_load())
         torch_threads = torch.get_num_threads()
     finally:
@@ -255,7 +256,7 @@ def run(options: MainJobOptions, log: Callable[[str], None] = print) -> dict:
         "config": {"model": asdict(cfg.model), "optim": asdict(cfg.optim)},
         "step_s": times,
         "compile_s": compile_s,
-        "inductor_cache": "cold (a new, empty TORCHINDUCTOR_CACHE_DIR)" if compile_s else None,
+        "inductor_cache": "cold (a new, empty TORCHINDUCTOR_CACHE_DIR each)" if compile_s else None,
         "load_average": loads,
     }
 
