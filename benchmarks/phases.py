@@ -46,6 +46,8 @@ KERNELS = {
     "pooled_lookup": "forward gather (kernel)",
     "unique_gradients": "backward: dedup + gradient sums (kernel)",
     "non_finite_flags": "finiteness check (kernel)",
+    "out_of_range": "update: id range check (kernel)",
+    "fused": "dedup + rule, table by table (fused kernel)",
 }
 PHASES = [
     "input preparation",
@@ -55,6 +57,8 @@ PHASES = [
     "finiteness check: Python",
     "backward: dedup + gradient sums (kernel)",
     "update: optimizer rule (kernel)",
+    "update: id range check (kernel)",
+    "dedup + rule, table by table (fused kernel)",
     "update: Python around the kernels",
     "loss, autograd, engine glue",
     "whole step",
@@ -98,6 +102,8 @@ def _phases(spent: dict[str, float], step: float) -> dict[str, float]:
         spent["total update"]
         - kernels["backward: dedup + gradient sums (kernel)"]
         - kernels["update: optimizer rule (kernel)"]
+        - kernels["update: id range check (kernel)"]
+        - kernels["dedup + rule, table by table (fused kernel)"]
     )
     accounted = sum(v for k, v in kernels.items() if k != "loss, autograd, engine glue")
     kernels["loss, autograd, engine glue"] = step - accounted
@@ -121,6 +127,9 @@ def bytes_moved(workload: Any, batches: list[Any], optimizer: str) -> dict[str, 
         "backward: dedup + gradient sums (kernel)": act + ids * 64 + unique * row,
         # summed block read; each unique row's weights and slot read and written
         "update: optimizer rule (kernel)": unique * row + 2 * unique * (row + slot),
+        "update: id range check (kernel)": ids * 8,
+        # the two above, less the summed block's round trip through memory (kept in cache)
+        "dedup + rule, table by table (fused kernel)": act + ids * 64 + 2 * unique * (row + slot),
     }
 
 

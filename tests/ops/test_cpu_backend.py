@@ -188,6 +188,25 @@ def test_zero_denominator_and_empty_bags_give_zero(combiner: str) -> None:
     assert_states_match(got, state, before, ~touched([batch], 10))
 
 
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad", "sgd"])
+def test_big_table_few_ids_matches_reference(name: str) -> None:
+    """A step with few ids for its vocabulary dedups through a batch-sized hash table rather
+    than the per-table index: same unique rows, same sums, two features sharing the table."""
+    vocab, dim = 20_000, 8
+    gen = torch.Generator().manual_seed(7)
+    state = make_state(OPTIMIZERS[name], vocab, dim, seed=2)
+    before = copy_state(state)
+
+    def clustered(samples: int, combiner: str, weighted: bool) -> FeatureBatch:
+        batch = make_batch(gen, 500, samples, 4, combiner, weighted)  # many duplicates
+        spread = batch.values * 40 + 3  # spread over the vocabulary
+        return FeatureBatch(spread, batch.offsets, batch.weights, combiner, (samples,))
+
+    steps = [[[clustered(300, "mean", True), clustered(200, "sum", False)]] for _ in range(3)]
+    got = run_both([state], steps)[0]
+    assert_states_match(got, state, before, ~touched_in_any(steps, 0, vocab))
+
+
 def test_shared_table_and_mixed_optimizers_in_one_step() -> None:
     """Two features on one table sum their gradients; tables with different optimizers (and
     the same optimizer with different settings) are updated in the same step."""
@@ -260,6 +279,22 @@ def test_out_of_range_id_raises_and_changes_nothing() -> None:
         cpu.update([state], [[batch]], [[torch.ones(2, 4)]], [0.1], 1)
     assert torch.equal(state.weight, before.weight)
     assert torch.equal(state.slots["accumulators"], before.slots["accumulators"])
+
+
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
+def test_out_of_range_id_in_a_later_table_changes_no_table(name: str) -> None:
+    """The rule of a table may run right after its own dedup: every id is checked first, so
+    a bad id in the last table leaves the first one unchanged too."""
+    states = [make_state(OPTIMIZERS[name], 10, 4, seed=s) for s in range(2)]
+    before = [copy_state(s) for s in states]
+    good = FeatureBatch(torch.tensor([1, 2]), torch.tensor([0, 1, 2]), None, "sum", (2,))
+    bad = FeatureBatch(torch.tensor([3, 10]), torch.tensor([0, 1, 2]), None, "sum", (2,))
+    grads = [[torch.ones(2, 4)], [torch.ones(2, 4)]]
+    with pytest.raises(IndexError, match=r"id 10 .*'table1' with 10 rows"):
+        cpu.update(states, [[good], [bad]], grads, [0.1, 0.1], 1)
+    for state, old in zip(states, before, strict=True):
+        assert torch.equal(state.weight, old.weight)
+        assert all(torch.equal(state.slots[k], old.slots[k]) for k in state.slots)
 
 
 def test_unsupported_dtype_raises_not_implemented() -> None:

@@ -27,4 +27,4 @@ def _kernel_dir() -> Path:
 
 
 with kernels_cached_in(_kernel_dir()):
-    from embcore.dynamic import _init_kernels, _kernels  # noqa: F401
+    from embcore.dynamic import _digest_kernels, _init_kernels, _kernels  # noqa: F401

@@ -8,6 +8,9 @@ and sums their gradients (:mod:`.dedup`, with a persistent per-table sparse-set 
 proportional to the vocabulary is allocated per step); then, per optimizer, one pass over the
 unique rows, split across threads, applies gradient clip, weight decay, the optimizer's rule
 (:mod:`.rules`) and weight clip once per row, in place. Non-lazy Adam sweeps every row instead.
+When every table has the same lazy optimizer and its rule has a ``fused`` kernel (Adagrad,
+row-wise Adagrad), every id is range-checked first and the rule of each table whose summed
+gradients fit in ``FUSE_BYTES`` runs right after its own dedup, while they are in cache.
 
 Results match :mod:`embcore.ops.reference` to float32 rounding (the same sums in the same
 order), and rows no id touched are never written. Tensors must be float32 / int64 on the CPU
@@ -127,6 +130,10 @@ def non_finite(tensors: Sequence[Tensor]) -> list[bool]:
     return flags
 
 
+#: a table's rule runs right after its dedup (when its optimizer allows) if its summed
+#: gradients take at most this many bytes: they are then still in cache for the rule
+FUSE_BYTES = 2 << 20
+
 _workspace_lock = threading.Lock()
 _workspace_buffer = np.empty(0, dtype=np.float32)
 
@@ -175,10 +182,46 @@ def update(
             np.zeros(1, dtype=np.int64),  # the work counter workers claim from
         )
         workers = threads.num_workers(ids)
-        args = (tables, feats, first, plan, _biggest_first(base))
-        if sum(threads.run(dedup.unique_gradients, *args, workers=workers)):
+        order = _biggest_first(base)
+        groups = _groups(states)
+        (kind, lazy), members = next(iter(groups.items()))
+        fused = getattr(RULES[kind], "fused", None) if lazy and len(groups) == 1 else None
+        fuse = np.zeros(len(states), dtype=np.int64)
+        if fused is not None:  # tables whose summed gradients stay in cache until the rule
+            fuse[:] = 4 * np.diff(offset) <= FUSE_BYTES
+        if fuse.any():  # every id is checked first: no table may change if one is bad
+            if sum(threads.run(dedup.out_of_range, tables, feats, workers=workers)):
+                _raise_bad_ids("update", states, features)
+            hp, common = _hyperparameters(states, lrs, step, kind, members)
+            args = (tables, feats, first, plan, order, fuse, hp, common)
+            threads.run(fused, *args, workers=workers)
+            groups = {(kind, lazy): [t for t in members if not fuse[t]]}
+        elif sum(
+            threads.run(dedup.unique_gradients, tables, feats, first, plan, order, workers=workers)
+        ):
             _raise_bad_ids("update", states, features)
-        _apply_rules(states, lrs, step, tables, plan)
+        _apply_rules(states, lrs, step, tables, plan, groups)
+
+
+def _groups(states: Sequence[TableState]) -> dict[tuple[type, bool], list[int]]:
+    """The tables by optimizer kind and laziness."""
+    groups: dict[tuple[type, bool], list[int]] = {}
+    for t, state in enumerate(states):
+        groups.setdefault((type(state.optimizer), state.optimizer.lazy), []).append(t)
+    return groups
+
+
+def _hyperparameters(
+    states: Sequence[TableState], lrs: Sequence[float], step: int, kind: type, members: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``hp`` (the rule's constants, rows of ``members`` only) and ``common``, per table."""
+    common = float32_rows(
+        [common_row(s.optimizer, lr) for s, lr in zip(states, lrs, strict=True)], 5
+    )
+    params: list[list[float]] = [[] for _ in states]
+    for t in members:
+        params[t] = RULES[kind].hyperparameters(states[t].optimizer, lrs[t], step)
+    return float32_rows(params, max(len(p) for p in params)), common
 
 
 def _apply_rules(
@@ -187,20 +230,14 @@ def _apply_rules(
     step: int,
     tables: np.ndarray,
     plan: tuple[np.ndarray, ...],
+    groups: dict[tuple[type, bool], list[int]],
 ) -> None:
     """One parallel pass per optimizer kind over the unique rows of its tables."""
-    common = float32_rows(
-        [common_row(s.optimizer, lr) for s, lr in zip(states, lrs, strict=True)], 5
-    )
-    groups: dict[tuple[type, bool], list[int]] = {}
-    for t, state in enumerate(states):
-        groups.setdefault((type(state.optimizer), state.optimizer.lazy), []).append(t)
     for (kind, lazy), members in groups.items():
+        if not members:
+            continue
         rule = RULES[kind]
-        params: list[list[float]] = [[] for _ in states]
-        for t in members:
-            params[t] = rule.hyperparameters(states[t].optimizer, lrs[t], step)
-        hp = float32_rows(params, max(len(p) for p in params))
+        hp, common = _hyperparameters(states, lrs, step, kind, members)
         active = np.zeros(len(states), dtype=np.int64)
         active[members] = 1
         rows = plan[2] if lazy else tables[:, T_VOCAB]  # unique rows, or every row

@@ -4,7 +4,10 @@ Each module defines ``hyperparameters(optimizer, lr, step) -> list[float]`` (one
 per table, the rule's constants for this step) and a Numba kernel ``update(tables, features,
 plan, hp, common)`` that applies gradient clip, weight decay, its rule and weight clip once to
 every unique row of ``plan``. A module may also define ``update_all`` for optimizers that move
-every row (non-lazy Adam). Adding an optimizer adds a module and one line to :data:`RULES`.
+every row (non-lazy Adam), and ``fused(tables, features, first, plan, order, fuse, hp,
+common)``: the dedup of every table, each ``fuse[t]`` table's rule right after its own (used
+when every table of a step has that optimizer).
+Adding an optimizer adds a module and one line to :data:`RULES`.
 """
 
 from __future__ import annotations
