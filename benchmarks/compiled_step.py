@@ -9,11 +9,19 @@ and the compiled/eager ratio taken within each repeat::
 
     python benchmarks/compiled_step.py                  # 10 repeats of 20 steps
     python benchmarks/compiled_step.py --batch-size 512
+    python benchmarks/compiled_step.py --dynamic false --inductor cpp_wrapper=true
+    python benchmarks/compiled_step.py --dense-only     # compile the MLPs and interaction only
+
+``--dynamic``, ``--mode`` and ``--inductor KEY=VALUE`` (a ``torch._inductor.config`` setting)
+compile with ``torch.compile(model, dynamic=..., mode=...)`` instead of ``embcore train``'s
+:func:`embcore.train.loop.compiled`. Set ``TORCHINDUCTOR_CACHE_DIR`` to a new directory for a
+cold compile time.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import time
 
@@ -32,7 +40,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps per repeat")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--dynamic", choices=["none", "false", "true"], help="torch.compile's")
+    parser.add_argument("--mode", help="torch.compile's mode (default: Inductor's default)")
+    parser.add_argument(
+        "--inductor", action="append", default=[], metavar="KEY=VALUE", help="Inductor config"
+    )
+    parser.add_argument(
+        "--dense-only", action="store_true", help="compile the bottom MLP, interaction, top MLP"
+    )
     args = parser.parse_args()
+    for setting in args.inductor:
+        key, value = setting.split("=", 1)
+        value = {"true": "True", "false": "False"}.get(value, value)
+        setattr(_inductor_config(key), key.rsplit(".", 1)[-1], ast.literal_eval(value))
+    options = {}
+    if args.dynamic is not None:
+        options["dynamic"] = {"none": None, "false": False, "true": True}[args.dynamic]
+    if args.mode is not None:
+        options["mode"] = args.mode
+
+    def compile_model(model: torch.nn.Module) -> torch.nn.Module:
+        if args.dense_only:
+            for name in ("bottom", "interaction", "top"):
+                setattr(model, name, torch.compile(getattr(model, name), **options))
+            return model
+        return torch.compile(model, **options) if options else compiled(model)
+
     torch.set_num_threads(1)
     cfg = Config.from_dict({"data": {"batch_size": args.batch_size}})
     source = build_source(cfg.data)
@@ -43,7 +76,7 @@ def main() -> None:
             cfg.model, source.vocab_sizes, optimizer=embedding_optimizer(cfg.optim), seed=0
         )
         opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.dense_lr)
-        systems[name] = (model, compiled(model) if name == "compiled" else model, opt)
+        systems[name] = (model, compile_model(model) if name == "compiled" else model, opt)
 
     def step(name: str, batch) -> None:
         model, forward, opt = systems[name]
@@ -69,6 +102,16 @@ def main() -> None:
     print(f"eager    {np.median(eager) * 1e3:7.1f} ms/step")
     print(f"compiled {np.median(comp) * 1e3:7.1f} ms/step")
     print(f"compiled/eager {np.median(comp / eager):.3f} (median of {args.repeats} repeats)")
+
+
+def _inductor_config(key: str):  # type: ignore[no-untyped-def]
+    """The ``torch._inductor.config`` object holding ``key`` (``cpp.threads``: its ``cpp``)."""
+    compiled(torch.nn.Identity())  # imports Inductor as embcore train does
+    import torch._inductor.config as config
+
+    for part in key.split(".")[:-1]:
+        config = getattr(config, part)
+    return config
 
 
 if __name__ == "__main__":

@@ -117,3 +117,87 @@ def test_dict_output_target_compares_within_each_repeat() -> None:
     got = checks["W1: embcore per-feature dict output vs stacked()"]
     assert got["got"] == "+3.3%" and got["met"]
     assert not checks["W1: embcore Adagrad vs plain PyTorch Adagrad"]["met"]  # 2.0x < 3x
+
+
+def _compiled_results() -> dict:
+    ms = {  # per repeat, two steps each (seconds)
+        "embcore": [[0.040, 0.040], [0.060, 0.060]],
+        "plain PyTorch": [[0.080, 0.080], [0.090, 0.090]],
+        "embcore, compiled": [[0.032, 0.032], [0.050, 0.050]],
+        "plain PyTorch, compiled": [[0.064, 0.064], [0.060, 0.060]],
+    }
+    return {
+        "options": {"repeats": 2, "steps": 2, "warmup": 1, "batches": 2, "overrides": []},
+        "batch_size": 100,
+        "threads": 1,
+        "default_compile": False,
+        "step_s": ms,
+        "compile_s": {"embcore, compiled": 41.5, "plain PyTorch, compiled": 30.25},
+        "inductor_cache": "cold (a new, empty TORCHINDUCTOR_CACHE_DIR each)",
+        "load_average": [1.5, 2.25, 3.0],
+    }
+
+
+def test_mainjob_ratios_of_compiled_and_eager_systems_within_repeats() -> None:
+    results = _compiled_results()
+    s = mainjob.summarize(results)
+    ratios = s["ratios"]
+    assert ratios["embcore vs plain PyTorch, both eager"]["runs"] == pytest.approx([2.0, 1.5])
+    both = ratios["embcore vs plain PyTorch, both compiled"]["runs"]
+    assert both == pytest.approx([2.0, 1.2])
+    assert ratios["embcore: compiled vs eager"]["runs"] == pytest.approx([1.25, 1.2])
+    plain = ratios["plain PyTorch: compiled vs eager"]["runs"]
+    assert plain == pytest.approx([1.25, 1.5])
+    assert s["speedup"] == pytest.approx(1.75)  # the default mode here: eager
+    table = mainjob.markdown(results)
+    assert "| embcore, compiled | 32.0 | 41.0 | 50.0 | 2,439 | 32.0, 50.0 |" in table
+    assert "| embcore: compiled vs eager | 1.23x | 1.25x, 1.20x |" in table
+    assert "cold (a new, empty TORCHINDUCTOR_CACHE_DIR each)" in table
+    assert "embcore, compiled 41.5 s, plain PyTorch, compiled 30.2 s" in table
+    assert "load average during the run: 1.5 to 3.0" in table
+    assert "default mode (eager; same repeat): median 1.75x" in table
+
+
+def test_mainjob_target_follows_the_default_mode() -> None:
+    results = dict(_compiled_results(), default_compile=True)
+    assert mainjob.summarize(results)["speedup"] == pytest.approx(1.6)  # both compiled
+    assert "default mode (compiled; same repeat): median 1.60x" in mainjob.markdown(results)
+
+
+def test_mainjob_section_replaces_only_its_own_section_of_benchmarks_md() -> None:
+    results = _compiled_results()
+    text = mainjob.section(results, "embcore bench --mainjob --repeats 2")
+    assert text.startswith("## Main job\n") and "embcore bench --mainjob --repeats 2" in text
+    document = "# BENCHMARKS\n\n## Results\n\nsuite\n\n## Hashing\n\nhash\n"
+    once = mainjob.with_section(document, text)
+    assert once.index("## Results") < once.index("## Main job") < once.index("## Hashing")
+    assert "suite" in once and "hash" in once
+    assert mainjob.current_section(once).rstrip("\n") == text.rstrip("\n")
+    newer = text.replace("--repeats 2", "--repeats 5")
+    twice = mainjob.with_section(once, newer)
+    assert twice.count("## Main job") == 1 and "--repeats 5" in twice and "--repeats 2" not in twice
+    assert twice.replace(newer.rstrip("\n"), "X") == once.replace(text.rstrip("\n"), "X")
+    # the suite's command rewrites the rest of the document and keeps the section
+    assert mainjob.with_section(document, mainjob.current_section(twice)) == twice
+    assert mainjob.with_section(document, None) == document
+    assert mainjob.current_section(document) is None
+    assert mainjob.with_section("# BENCHMARKS\n", text).startswith("# BENCHMARKS\n\n## Main job")
+
+
+def test_mainjob_runs_the_compiled_systems_on_a_tiny_config() -> None:
+    options = mainjob.MainJobOptions(
+        repeats=2,
+        warmup=1,
+        steps=2,
+        batches=2,
+        compile=True,
+        overrides=["data.batch_size=32", "data.vocab_cap=500", "data.eval_rows=64"],
+    )
+    results = mainjob.run(options, log=lambda line: None)
+    assert list(results["step_s"]) == [*mainjob.EAGER, *mainjob.COMPILED]
+    assert all(len(r) == 2 and len(r[0]) == 2 for r in results["step_s"].values())
+    assert list(results["compile_s"]) == list(mainjob.COMPILED)
+    assert all(s > 0 for s in results["compile_s"].values())
+    table = mainjob.markdown(results)
+    assert "| plain PyTorch, compiled |" in table
+    assert "| plain PyTorch: compiled vs eager |" in table

@@ -1,5 +1,5 @@
 """Lookup statistics of dynamic tables: unique keys per step, rows held, their JSON and merges,
-and an engine profiling one."""
+an engine profiling one, and the planner's expected rows from them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import pytest
 import torch
 
 import embcore as ec
+from embcore.config import ResolvedTable, TableConfig
 from embcore.inputs import FeatureBatch
+from embcore.sharding.planner._tables import (
+    DYNAMIC_EXPECTED_ROWS,
+    expected_rows,
+    planned_tables,
+    resolved,
+)
 from embcore.stats import StatsCollector, StatsTable, TableStats, load_stats
 
 
@@ -103,3 +110,27 @@ def test_the_stats_report_shows_rows_held_of_dynamic_tables(tmp_path) -> None:
     assert "rows held (the most at a sampled batch): 3" in text
     assert text.count("rows held") == 1  # only the dynamic table has the line
     assert "unique ids per batch 50.0% (2 on average)" in text  # 3/4 and 1/4; 3 and 1
+
+
+def _dynamic(max_rows: int | None) -> ResolvedTable:
+    eviction = None if max_rows is None else ec.Eviction(max_rows=max_rows)
+    config = TableConfig(vocabulary_size=None, dim=8, name="user", eviction=eviction)
+    return ResolvedTable(0, "user", config, None)
+
+
+def test_the_planner_expects_a_dynamic_table_to_hold_what_its_statistics_saw() -> None:
+    fixed = ResolvedTable(0, "t", TableConfig(vocabulary_size=123, dim=4), None)
+    assert expected_rows(fixed, {"rows_held": 5}) == 123
+    assert expected_rows(_dynamic(5000), {"rows_held": 40}) == 5000  # the bound wins
+    assert expected_rows(_dynamic(None), {"rows_held": 40}) == 40
+    assert expected_rows(_dynamic(None), TableStats("user", {}, rows_held=77)) == 77
+    assert expected_rows(_dynamic(None), {"rows_held": 0}) == DYNAMIC_EXPECTED_ROWS
+    assert expected_rows(_dynamic(None)) == DYNAMIC_EXPECTED_ROWS
+    user = ec.TableConfig(vocabulary_size=None, dim=8, name="user")
+    features = {"u": ec.FeatureConfig(table=user)}
+    (planned,) = planned_tables(
+        resolved(features, ec.Adagrad(0.1)),
+        64,
+        {"user": {"ids_per_example": 1.0, "rows_held": 900}},
+    )
+    assert planned.vocab == 900

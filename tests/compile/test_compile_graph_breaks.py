@@ -9,6 +9,10 @@ import torch
 import torch._dynamo
 from compile_cases import VOCAB, batches, small_dlrm
 
+#: PyTorch's own: dynamo instantiates the autograd.Function classes it traces (the DLRM's
+#: Linear and interaction)
+pytestmark = pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:

@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from compile_cases import batches, small_dlrm
 from torch._dynamo.utils import counters
 
-#: PyTorch's own Inductor warns on import that it uses a deprecated TorchScript decorator
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
-)
+#: PyTorch's own Inductor warns on import that it uses a deprecated TorchScript decorator, and
+#: dynamo instantiates the autograd.Function classes it traces (the DLRM's Linear, interaction)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning"),
+]
 
 #: four batch sizes: the first compiles for its shapes, the second once for any size (dynamo's
 #: automatic dynamic shapes), the others reuse that graph

@@ -231,9 +231,10 @@ def test_config_errors() -> None:
     opt = ec.Adagrad(0.1, slot_variable_creation_fn=lambda w, names, inits: {})
     with pytest.raises(ValueError, match="slot_variable_creation_fn"):
         ec.EmbeddingEngine(ec.FeatureConfig(ec.TableConfig(None, 2, name="d")), opt)
-    with pytest.raises(ValueError, match=r"tables \['d'\] are dynamic.*sharded"):
+    one_rank = ec.sharding.ShardingPlan(1, {"d": ec.sharding.TableShard.table_wise(0)})
+    with pytest.raises(ValueError, match=r"table 'd' is a dynamic table.*key_hash"):
         ec.EmbeddingEngine(
-            ec.FeatureConfig(ec.TableConfig(None, 2, name="d")), ec.SGD(0.1), plan="any"
+            ec.FeatureConfig(ec.TableConfig(None, 2, name="d")), ec.SGD(0.1), plan=one_rank
         )
     with pytest.raises(ValueError, match="'t' is a fixed table"):
         ec.EmbeddingEngine(ec.FeatureConfig(ec.TableConfig(4, 2, name="t"))).table_keys("t")

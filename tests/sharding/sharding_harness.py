@@ -11,6 +11,7 @@ workers (the sharded run) from names, so nothing but names and results crosses p
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import traceback
@@ -28,6 +29,13 @@ from embcore.initializers import initial_rows
 from embcore.sharding import ShardingPlan, TableShard
 
 SCHEME_CASES = ["table_wise", "row_wise:div", "row_wise:mod", "column_wise", "data_parallel"]
+
+#: Raw 64-bit keys standing for ids 0..10 of the dynamic tables of ``key_hash`` cases (both
+#: extremes, negatives, and keys equal modulo small numbers).
+KEYS = torch.tensor(
+    [-(2**63), 2**63 - 1, -1, 0, 7, 2**32 + 7, 8_231_778_211_409, -3, 2**40, 4096, 8192],
+    dtype=torch.int64,
+)
 
 #: One entry per optimizer (and the options that change how rows move); names -> factory.
 OPTIMIZERS: dict[str, Callable[[], ec.Optimizer]] = {
@@ -76,12 +84,17 @@ def _cached_default(name: str) -> Callable[..., torch.Tensor]:
     return init
 
 
-def feature_config(init: str = "cached") -> dict[str, ec.FeatureConfig]:
+def feature_config(init: str = "cached", dynamic: bool = False) -> dict[str, ec.FeatureConfig]:
     """Three tables with uneven vocabularies: ``b`` is smaller than a world of 3.
 
     ``init``: ``"default"`` (the engine's own), ``"cached"`` (the same values, drawn once) or
-    ``"custom"`` (a user initializer on table ``c``).
+    ``"custom"`` (a user initializer on table ``c``). ``dynamic``: ``a`` and ``c`` are
+    dynamic tables (``a`` admits keys seen twice and has a user initializer, whose rows
+    depend on their position in each call; ``c`` has the default one and evicts after one
+    step unseen and beyond 6 rows).
     """
+    if dynamic:
+        return _dynamic_feature_config()
 
     def initializer(name: str) -> Any:
         if init == "default" or (init == "custom" and name != "c"):
@@ -97,6 +110,25 @@ def feature_config(init: str = "cached") -> dict[str, ec.FeatureConfig]:
     c = ec.TableConfig(
         vocabulary_size=11, dim=6, name="c", combiner="sqrtn", initializer=initializer("c")
     )
+    return {
+        "a1": ec.FeatureConfig(table=a),
+        "a2": ec.FeatureConfig(table=a),
+        "b": ec.FeatureConfig(table=b),
+        "c_pool": ec.FeatureConfig(table=c),
+        "c_seq": ec.FeatureConfig(table=c, max_sequence_length=3),
+    }
+
+
+def _dynamic_feature_config() -> dict[str, ec.FeatureConfig]:
+    a = ec.TableConfig(
+        vocabulary_size=None, dim=4, name="a", combiner="mean",
+        admission=ec.CountAdmission(min_count=2), initializer=custom_initializer,
+    )  # fmt: skip
+    b = ec.TableConfig(vocabulary_size=2, dim=5, name="b", combiner="sum")
+    c = ec.TableConfig(
+        vocabulary_size=None, dim=6, name="c", combiner="sqrtn",
+        eviction=ec.Eviction(steps_to_live=1, max_rows=6),
+    )  # fmt: skip
     return {
         "a1": ec.FeatureConfig(table=a),
         "a2": ec.FeatureConfig(table=a),
@@ -122,11 +154,19 @@ class Case:
         )
 
     @property
+    def dynamic(self) -> bool:
+        """Tables ``a`` and ``c`` are dynamic, placed by key hash (``b`` table-wise)."""
+        return self.scheme == "key_hash"
+
+    @property
     def init(self) -> str:
         """How the sharded run initializes (the reference uses the same values, cached)."""
         if self.scheme == "mixed":
             return "custom"
-        return "default" if self.optimizer == "adagrad" else "cached"
+        return "default" if self.optimizer == "adagrad" or self.dynamic else "cached"
+
+    def feature_config(self, init: str) -> dict[str, ec.FeatureConfig]:
+        return feature_config(init, dynamic=self.dynamic)
 
     @property
     def reference_init(self) -> str:
@@ -147,6 +187,15 @@ class Case:
                 else TableShard.row_wise(every, "div"),
             }
             return ShardingPlan(world_size=w, tables=tables)
+        if self.dynamic:  # a over all ranks; c over the ranks in reverse, b on the last
+            return ShardingPlan(
+                world_size=w,
+                tables={
+                    "a": TableShard(scheme="key_hash", ranks=tuple(every)),
+                    "b": TableShard.table_wise(w - 1),
+                    "c": TableShard(scheme="key_hash", ranks=tuple(reversed(every))),
+                },
+            )
         scheme, _, strategy = self.scheme.partition(":")
         shard: dict[str, TableShard] = {}
         for i, name in enumerate(dims):
@@ -176,6 +225,8 @@ def all_cases(world: int) -> list[Case]:
     ]
     cases += [Case("mixed", opt, world) for opt in ("adagrad", "rowwise_adagrad", "adam-nonlazy")]
     cases += [Case("auto", "adagrad", world), Case("mixed", "ftrl", world, pipeline=True)]
+    cases += [Case("key_hash", opt, world) for opt in ("adagrad", "adam-nonlazy")]
+    cases += [Case("key_hash", "sgd", world, pipeline=True)]
     return cases
 
 
@@ -210,6 +261,14 @@ def local_batch(case: Case, step: int, rank: int) -> tuple[dict[str, Any], dict[
         "c_seq": cs,
     }
     weights = {"a1": None, "a2": a2w, "b": None, "c_pool": cpw, "c_seq": None}
+    if case.dynamic:  # ids 0..10 stand for raw 64-bit keys
+        for name in ("a1", "a2", "c_pool", "c_seq"):
+            f = features[name]
+            features[name] = (
+                ec.RaggedIds(KEYS[f.values], f.row_splits)
+                if isinstance(f, ec.RaggedIds)
+                else KEYS[f]
+            )
     return features, weights
 
 
@@ -285,6 +344,8 @@ def _slice(
 
 
 def final_state(engine: ec.EmbeddingEngine) -> dict[str, Any]:
+    """Tables and slots (a dynamic table's: its keys' rows, in key order), the step, and the
+    keys of the dynamic tables."""
     engine.flush()
     return {
         "tables": {k: v.clone() for k, v in engine.embedding_tables.items()},
@@ -292,13 +353,14 @@ def final_state(engine: ec.EmbeddingEngine) -> dict[str, Any]:
             t: {s: v.clone() for s, v in d.items()} for t, d in engine.slot_variables.items()
         },
         "step": engine.step,
+        "keys": {t.name: engine.table_keys(t.name) for t in engine.tables if t.dynamic},
     }
 
 
 def reference(case: Case) -> dict[str, Any]:
     """The single-process engine trained on the concatenation of every rank's batch."""
     engine = ec.EmbeddingEngine(
-        feature_config(case.reference_init), ec_optimizer(case), **case.engine_kwargs()
+        case.feature_config(case.reference_init), ec_optimizer(case), **case.engine_kwargs()
     )
     initial = {k: v.clone() for k, v in engine.embedding_tables.items()}
     acts = train(engine, case, list(range(case.world)))
@@ -314,7 +376,10 @@ def worker_equivalence(rank: int, world: int, cases: list[Case]) -> dict[str, An
     results = {}
     for case in cases:
         engine = ec.EmbeddingEngine(
-            feature_config(case.init), ec_optimizer(case), plan=case.plan(), **case.engine_kwargs()
+            case.feature_config(case.init),
+            ec_optimizer(case),
+            plan=case.plan(),
+            **case.engine_kwargs(),
         )
         if not isinstance(engine, ec.sharding.ShardedEmbeddingEngine):
             raise TypeError(f"expected a sharded engine under a process group, got {type(engine)}")
@@ -470,19 +535,25 @@ def _entry(rank: int, world: int, store: str, fn: str, args: tuple, out: str) ->
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        result: Any = globals()[fn](rank, world, *args)
+        module, _, name = fn.rpartition(":")  # "module:function" runs another module's
+        target = getattr(importlib.import_module(module), name) if module else globals()[fn]
+        result: Any = target(rank, world, *args)
     except BaseException:
         result = {"__error__": traceback.format_exc()}
     finally:
         dist.destroy_process_group()
     torch.save(result, os.path.join(out, f"{rank}.pt"))
+    # The outcome is on disk: leave without the interpreter's teardown, where gloo's threads
+    # occasionally abort a loaded machine's process after everything under test has finished.
+    os._exit(0)
 
 
 _PRELOADED = False
 
 
 def launch(fn: str, world: int, *args: Any) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` (a function of this module) on ``world`` gloo ranks."""
+    """Run ``fn(rank, world, *args)`` (a function of this module, or ``"module:function"``)
+    on ``world`` gloo ranks."""
     global _PRELOADED
     ctx = mp.get_context("forkserver")
     if not _PRELOADED:

@@ -28,7 +28,10 @@ def one_rank_cases() -> list[h.Case]:
 def test_one_rank_sharded_engine_equals_the_plain_engine(case: h.Case):
     ref = h.reference(case)
     engine = ec.EmbeddingEngine(
-        h.feature_config(case.init), h.ec_optimizer(case), plan=case.plan(), **case.engine_kwargs()
+        case.feature_config(case.init),
+        h.ec_optimizer(case),
+        plan=case.plan(),
+        **case.engine_kwargs(),
     )
     assert isinstance(engine, ShardedEmbeddingEngine)
     acts = h.train(engine, case, [0])

@@ -203,3 +203,12 @@ def test_the_documented_torchrun_example_matches_one_process(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ShardedEmbeddingEngine over 2 ranks" in out.stdout
     assert "matches one process: 26 tables" in out.stdout
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.dynamic], ids=lambda c: c.id)
+def test_key_hash_tables_hold_the_single_process_keys(case: h.Case, runs: dict[int, list[dict]]):
+    ref = h.reference(case)
+    assert set(ref["keys"]) == {"a", "c"} and ref["keys"]["c"].numel() == 6  # c at max_rows
+    for results in runs[case.world]:
+        for table, keys in ref["keys"].items():
+            assert torch.equal(results[case.id]["keys"][table], keys), (case.id, table)

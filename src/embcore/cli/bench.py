@@ -12,7 +12,8 @@ then the dynamic tables' key index alone; writes ``results.json`` and ``results.
                                         # min / median / max per system, ratios per run
     embcore bench --quick               # CI size, no BENCHMARKS.md
     embcore bench --device cuda         # GPU mode: W1/W2 at batch 65,536, kernel bandwidth
-    embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch
+    embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch,
+                                        # eager and compiled; its BENCHMARKS.md section
 
 The harness lives in the repository's ``benchmarks/sidebyside`` (benchmarks are not part of
 the installed package), so the command needs a source checkout.
@@ -85,7 +86,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--mainjob",
         action="store_true",
         help="run only the main job (embcore train's default DLRM) against the same model in "
-        "plain PyTorch; writes mainjob.json and mainjob.md to --out",
+        "plain PyTorch, eager and through torch.compile; writes mainjob.json and mainjob.md to "
+        "--out and, without --set, BENCHMARKS.md's main-job section",
+    )
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="--mainjob: the eager systems only (compiling takes about a minute per model)",
     )
     p.add_argument(
         "--set",
@@ -149,11 +156,23 @@ def run(args: argparse.Namespace) -> int:
     if markdown is None and not args.quick and not args.no_markdown:
         markdown = root.parent / "BENCHMARKS.md"
     if markdown is not None and not args.no_markdown:
-        command = "embcore bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else [])
-        markdown.write_text(sidebyside.benchmarks_md(results, command.strip()))
+        from sidebyside import mainjob
+
+        # the main-job section comes from its own command (--mainjob): kept as it is
+        kept = mainjob.current_section(markdown.read_text()) if markdown.is_file() else None
+        markdown.write_text(
+            mainjob.with_section(sidebyside.benchmarks_md(results, _command()), kept)
+        )
         print(f"wrote {markdown}")
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0
+
+
+def _command() -> str:
+    """The command line that ran, as ``embcore bench ...``."""
+    return (
+        "embcore bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else [])
+    ).strip()
 
 
 def _run_gpu(args: argparse.Namespace) -> int:
@@ -193,7 +212,11 @@ def _run_mainjob(args: argparse.Namespace) -> int:
 
     keep_freed_memory()  # as embcore train does
     options = mainjob.MainJobOptions(
-        repeats=args.repeats, warmup=args.warmup, steps=args.steps, overrides=args.set
+        repeats=args.repeats,
+        warmup=args.warmup,
+        steps=args.steps,
+        overrides=args.set,
+        compile=not args.no_compile,
     )
     try:
         results = mainjob.run(options, log=lambda line: print(line, flush=True))
@@ -206,5 +229,12 @@ def _run_mainjob(args: argparse.Namespace) -> int:
     table = mainjob.markdown(results)
     (args.out / "mainjob.md").write_text(table)
     print(table)
+    markdown = args.markdown
+    if markdown is None and not args.set:  # the default job only
+        markdown = find_benchmarks().parent / "BENCHMARKS.md"  # type: ignore[union-attr]
+    if markdown is not None and not args.no_markdown:
+        document = markdown.read_text() if markdown.is_file() else "# BENCHMARKS\n"
+        markdown.write_text(mainjob.with_section(document, mainjob.section(results, _command())))
+        print(f"wrote the main-job section of {markdown}")
     print(f"wrote {args.out / 'mainjob.json'} and {args.out / 'mainjob.md'}")
     return 0

@@ -66,6 +66,9 @@ CONFIG_HELP = """\
   per table: name (default table_<i>), vocabulary_size and dim (required), features (how many
   features read the table, default 1), max_sequence_length (0: pooled), combiner (mean, sum,
   sqrtn), ids_per_example (lookup statistics for the planner; optional).
+  "vocabulary_size": null makes a dynamic table, placed by key hash; its optional max_rows
+  (the whole table's eviction limit) is the rows the planner expects it to hold, else the
+  "rows_held" of its --stats, else 1,048,576.
   optimizer: sgd, adagrad (default), adagrad_momentum, adam, ftrl, rowwise_adagrad, none.
   batch_size: the per-rank batch size (default 1024); --batch-size and --optimizer override.
 --stats DIR|FILE: a profile_data_directory, or {"TABLE": {"ids_per_example": 20,
@@ -147,7 +150,7 @@ def _human(n: float) -> str:
 
 
 _TABLE_FIELDS = ("name", "vocabulary_size", "dim", "features", "max_sequence_length",
-                 "ids_per_example", "combiner")  # fmt: skip
+                 "ids_per_example", "combiner", "max_rows")  # fmt: skip
 _TOP_FIELDS = ("tables", "optimizer", "batch_size")
 
 
@@ -155,6 +158,18 @@ def _int_field(where: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise UserError(f"{where} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _eviction(table: dict[str, Any]) -> Any:
+    """A dynamic table's (``"vocabulary_size": null``) ``max_rows`` as its eviction."""
+    if "max_rows" not in table:
+        return None
+    if table["vocabulary_size"] is not None:
+        raise ValueError(
+            f'max_rows is for dynamic tables ("vocabulary_size": null), got '
+            f"vocabulary_size={table['vocabulary_size']!r}"
+        )
+    return ec.Eviction(max_rows=table["max_rows"])
 
 
 def feature_config(
@@ -194,6 +209,7 @@ def feature_config(
                 dim=t["dim"],
                 name=t.get("name", f"table_{i}"),
                 combiner=t.get("combiner", "mean"),
+                eviction=_eviction(t),
             )
             length = _int_field("max_sequence_length", t.get("max_sequence_length", 0), 0)
             for f in range(_int_field("features", t.get("features", 1), 1)):

@@ -266,11 +266,5 @@ def make_store(config: StoreConfig, **options: Any) -> TableStore:
     """Build the store :func:`choose_store` picks; ``options`` (``plan``, ``process_group``)
     go to every store's constructor."""
     name = choose_store(options.get("plan"), options.get("process_group"))
-    dynamic = [t.name for t in config.tables if t.dynamic]
-    if name == "sharded" and dynamic:
-        raise ValueError(
-            f"EmbeddingEngine: tables {dynamic} are dynamic (vocabulary_size=None), which "
-            "sharded engines do not support yet; use a single-process engine"
-        )
     module, cls = STORES[name].split(":")
     return getattr(importlib.import_module(module), cls)(config, **options)

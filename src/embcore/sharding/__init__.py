@@ -9,6 +9,7 @@ concatenation of all ranks' batches. See ``docs/sharding.md``.
 * :mod:`~embcore.sharding.planner`: :func:`plan`, :func:`estimate` (the cost model);
 * :mod:`~embcore.sharding.schemes`: :data:`SCHEMES`, one module per scheme;
 * :mod:`~embcore.sharding.maps`: the ``div``/``mod`` row maps;
+  :mod:`~embcore.sharding.keyhash`: the key -> shard map of dynamic tables;
 * :mod:`~embcore.sharding._store`: :class:`ShardedStore`, where a sharded engine keeps its
   tables; :mod:`~embcore.sharding.compat`: the ``ShardedEmbeddingEngine`` compatibility name.
 """

@@ -8,7 +8,9 @@ batches in rank order (docs/sharding.md, docs/architecture.md).
 
 Every call that touches the tables is a collective: all ranks make the same calls in the same
 order (as with DistributedDataParallel). ``gather`` assembles full logical tensors on every
-rank; checkpoints read each rank's chunks through ``tensors()`` without gathering.
+rank; checkpoints read each rank's chunks through ``tensors()`` without gathering. Dynamic
+tables are placed by key hash; their keys, rows and content are gathered by key
+(``table_keys``, ``table_rows``, ``dynamic_state``; docs/sharding.md, "Dynamic tables").
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from embcore.inputs import FeatureBatch
 from embcore.sharding.comm import Comm
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
-from embcore.sharding.schemes import SCHEMES, Scheme, ShardEnv, lookup_load
+from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load
+from embcore.sharding.schemes._key_steps import end_steps
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["ShardTensor", "ShardedStore"]
@@ -104,6 +107,7 @@ class ShardedStore:
         )
         self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self.tables]
         self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
+        self._dynamic = [s for s in self._sharded if isinstance(s, KeyHash)]
 
     def _check_everyone_agrees(self, plan: ShardingPlan, seed: int) -> None:
         described = repr(
@@ -117,6 +121,8 @@ class ShardedStore:
                         t.combiner,
                         t.features,
                         t.config.initializer is None,
+                        repr(getattr(t.config, "admission", None)),
+                        repr(getattr(t.config, "eviction", None)),
                         type(t.optimizer).__name__,
                         {  # callables (rates, slot functions) cannot be compared across ranks
                             k: v
@@ -166,17 +172,37 @@ class ShardedStore:
         out: Sequence[Sequence[Tensor]] | None,
         training: bool = False,
     ) -> list[list[Tensor]]:
-        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase
-        (``training`` changes nothing: every table is fixed)."""
+        """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase.
+        ``training``: a training lookup (dynamic tables count, admit and insert keys)."""
         ex = self._comm.exchange()
-        ctxs = [s.input_dist(list(b), ex) for s, b in zip(self._sharded, features, strict=True)]
+        ctxs = [
+            s.input_dist(list(b), ex, training) if s.dynamic else s.input_dist(list(b), ex)
+            for s, b in zip(self._sharded, features, strict=True)
+        ]
         inbox = self._run(ex)
         ex = self._comm.exchange()
         for s, ctx in zip(self._sharded, ctxs, strict=True):
             s.lookup(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)
-        per_table = [s.output_dist(inbox, c) for s, c in zip(self._sharded, ctxs, strict=True)]
+        late = [
+            isinstance(s, KeyHash) and s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)
+        ]
+        if any(late):  # owners of tables with a user initializer reply one phase later
+            ex = self._comm.exchange()
+            per_table: list[Any] = [None] * len(ctxs)
+            for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):  # table order
+                if late[i]:
+                    s.lookup_late(inbox, ex, c)
+                else:
+                    per_table[i] = s.output_dist(inbox, c)
+            inbox.check_empty()
+            inbox = self._run(ex)
+            for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):
+                if late[i]:
+                    per_table[i] = s.output_dist(inbox, c)
+        else:
+            per_table = [s.output_dist(inbox, c) for s, c in zip(self._sharded, ctxs, strict=True)]
         inbox.check_empty()
         if out is None:
             return per_table
@@ -212,6 +238,8 @@ class ShardedStore:
                 [rates[j.lr_table] for j in jobs],
                 step,
             )
+        if self._dynamic:
+            end_steps(self._dynamic, self._comm)
 
     def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
         """A bad gradient on one rank stops every rank, before any collective of the update
@@ -242,17 +270,98 @@ class ShardedStore:
     def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
         """Each rank copies its pieces out of the full tensors (no communication)."""
         for t, name, value in items:
+            if self.tables[t].dynamic:
+                raise ValueError(
+                    f"table '{self.tables[t].name}' is dynamic: its rows are loaded with "
+                    "their keys (load_dynamic_state), not as a whole tensor"
+                )
             self._sharded[t].load_full(name, value.to(self._device))
 
     def shape(self, table: int, name: str) -> tuple[int, ...]:
-        return self._sharded[table].logical_shape(name)
+        """The logical shape; for a dynamic table ``(keys held, ...)`` (a collective)."""
+        s = self._sharded[table]
+        if isinstance(s, KeyHash):
+            held = sum(r[0] for r in self._comm.all_gather_ints([s.held()]))
+            return (held, *s.logical_tail(name))
+        return s.logical_shape(name)
 
     def tensors(self) -> list[ShardTensor]:
+        """The fixed tables' tensors; a checkpoint stores dynamic tables by key, through
+        :meth:`dynamic_state` (the whole table on every rank) and :meth:`load_dynamic_state`
+        (each rank keeps the keys hashed to it)."""
         return [
             ShardTensor(f"{t.name}.{name}", s, name)
             for t, s in zip(self.tables, self._sharded, strict=True)
+            if not t.dynamic
             for name in stored_names(t)
         ]
+
+    # ---------------------------------------------------------------- dynamic tables
+    def table_keys(self, table: int) -> Tensor:
+        """``(R,) int64``: the keys of dynamic table ``table`` holding a row on any rank,
+        ascending (a collective)."""
+        s = self._key_hash(table)
+        ex = self._comm.exchange()
+        s.keys_send(ex)
+        inbox = self._run(ex)
+        out = s.keys_take(inbox)
+        inbox.check_empty()
+        return out
+
+    def table_rows(self, table: int, keys: Tensor) -> Tensor:
+        """``(K, dim) float32``: the rows of this rank's ``keys`` in dynamic table ``table``,
+        zeros for keys without one (a collective; reads only, never inserts)."""
+        s = self._key_hash(table)
+        ex = self._comm.exchange()
+        ctx = s.rows_send(keys, ex)
+        inbox = self._run(ex)
+        ex = self._comm.exchange()
+        s.rows_serve(inbox, ex, ctx)
+        inbox.check_empty()
+        inbox = self._run(ex)
+        out = s.rows_take(inbox, ctx)
+        inbox.check_empty()
+        return out
+
+    def table_info(self, table: int) -> dict[str, int]:
+        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``), summed over
+        the ranks (a collective)."""
+        s = self._key_hash(table)
+        rows = s.rows
+        mine = [0, 0, 0]
+        if rows is not None:
+            pending = rows.keyspace.pending
+            mine = [len(rows.keyspace), 0 if pending is None else len(pending)]
+            mine.append(rows.dropped_gradients)
+        total = [sum(v) for v in zip(*self._comm.all_gather_ints(mine), strict=True)]
+        return {
+            "rows": total[0],
+            "pending": total[1],
+            "dropped_gradients": total[2],
+            "step": s.step,
+        }
+
+    def dynamic_state(self, table: int) -> dict[str, Any]:
+        """Dynamic table ``table``'s whole content, as one process's store gives it (every
+        rank's keys, gathered onto every rank: a collective)."""
+        s = self._key_hash(table)
+        mine = s.rows.content() if s.rows is not None else None
+        everyone: list[Any] = [mine]
+        if self._comm.distributed and self._comm.world > 1:
+            everyone = [None] * self._comm.world
+            dist.all_gather_object(everyone, mine, group=self._comm.group)
+        return s.content(everyone)
+
+    def load_dynamic_state(self, table: int, state: dict[str, Any]) -> None:
+        """Replace dynamic table ``table``'s content with a whole table's
+        :meth:`dynamic_state` (every rank passes the same; each keeps the keys hashed to it,
+        whatever number of ranks wrote it). No communication."""
+        self._key_hash(table).load_content(state)
+
+    def _key_hash(self, table: int) -> KeyHash:
+        s = self._sharded[table]
+        assert isinstance(s, KeyHash), f"table '{s.table.name}' is not a dynamic table"
+        return s
 
     # -------------------------------------------------------------------- statistics
     def stats_tables(self) -> list[StatsTable]:

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from embcore.config import ResolvedTable
-from embcore.sharding.schemes import SCHEMES, Scheme
+from embcore.sharding.schemes import SCHEMES, Scheme, is_dynamic
 
 __all__ = ["ShardingPlan", "TableShard"]
 
@@ -50,14 +50,15 @@ class TableShard:
         scheme: a name in :data:`~embcore.sharding.schemes.SCHEMES`.
         ranks: the ranks holding the table: one rank for ``table_wise``; the rank of each row
             shard (shard p on ``ranks[p]``) for ``row_wise``; the rank of each column shard for
-            ``column_wise``; every rank, in order, for ``data_parallel``. Distinct.
+            ``column_wise``; every rank, in order, for ``data_parallel``; the rank of each
+            key shard for ``key_hash`` (dynamic tables). Distinct.
         partition_strategy: ``"div"`` or ``"mod"`` for ``row_wise`` (``docs/semantics.md``
             §4.1); ``None`` otherwise.
         column_sizes: for ``column_wise``, the width of each column shard (one per rank, left
             to right, summing to the table's dim); ``None`` otherwise.
 
-    Prefer the constructors :meth:`table_wise`, :meth:`row_wise`, :meth:`column_wise` and
-    :meth:`data_parallel`.
+    Prefer the constructors :meth:`table_wise`, :meth:`row_wise`, :meth:`column_wise`,
+    :meth:`data_parallel` and :meth:`key_hash`.
     """
 
     scheme: str
@@ -114,6 +115,11 @@ class TableShard:
     @classmethod
     def data_parallel(cls, world_size: int) -> TableShard:
         return cls(scheme="data_parallel", ranks=tuple(range(world_size)))
+
+    @classmethod
+    def key_hash(cls, ranks: Sequence[int]) -> TableShard:
+        """A dynamic table's keys over ``ranks`` by their hash (shard p on ``ranks[p]``)."""
+        return cls(scheme="key_hash", ranks=tuple(ranks))
 
     # ------------------------------------------------------------------------ forms
     def column_bounds(self, dim: int) -> list[tuple[int, int]]:
@@ -236,7 +242,8 @@ class ShardingPlan:
     def check(self, tables: Sequence[ResolvedTable], world_size: int) -> None:
         """Raise ``ValueError`` unless this plan fits these tables and world size.
 
-        Checks that every table has exactly one placement, and what its scheme requires of
+        Checks that every table has exactly one placement, by a scheme for its kind (dynamic
+        tables by ``key_hash``, fixed tables by the others), and what its scheme requires of
         the table (:meth:`Scheme.check_table <embcore.sharding.schemes.Scheme.check_table>`:
         column shards cover the dim with an element-wise optimizer).
         """
@@ -255,4 +262,18 @@ class ShardingPlan:
             )
         for t in tables:
             shard = self.tables[t.name]
+            if shard.scheme_class.dynamic != is_dynamic(t):
+                raise ValueError(
+                    f"ShardingPlan: table '{t.name}' is {_kind(t)}, but the plan places it "
+                    f"{shard.describe()}; {_schemes_for(is_dynamic(t))}"
+                )
             shard.scheme_class.check_table(shard, t)
+
+
+def _kind(table: ResolvedTable) -> str:
+    return "a dynamic table (vocabulary_size=None)" if is_dynamic(table) else "a fixed table"
+
+
+def _schemes_for(dynamic: bool) -> str:
+    names = [name for name, s in SCHEMES.items() if s.dynamic == dynamic]
+    return f"{'dynamic' if dynamic else 'fixed'} tables take the schemes {names}"

@@ -18,9 +18,11 @@ def cost(t: PlannedTable, shard: TableShard, world: int) -> Cost:
 
 
 def candidates(t: PlannedTable, world: int, min_column_width: int) -> list[TableShard]:
-    """Every scheme's placements for ``t``, in :data:`SCHEMES` order (ties go to the first)."""
+    """Every scheme's placements for ``t``, in :data:`SCHEMES` order (ties go to the first):
+    the schemes for dynamic tables if ``t`` is one, else the others."""
     return [
         TableShard.from_dict(p)
         for scheme in SCHEMES.values()
+        if scheme.dynamic == t.dynamic
         for p in scheme.candidates(t, world, min_column_width)
     ]

@@ -29,6 +29,7 @@ def _override(t: PlannedTable, value: Any, world: int) -> list[TableShard]:
     """The candidates an override allows: a TableShard, or a scheme name (``row_wise:mod``,
     ``table_wise:1``) that the scheme parses."""
     if isinstance(value, TableShard):
+        _check_kind(t, value.scheme)
         return [value]
     if not isinstance(value, str):
         raise ValueError(
@@ -37,6 +38,8 @@ def _override(t: PlannedTable, value: Any, world: int) -> list[TableShard]:
         )
     name, _, arg = value.partition(":")
     scheme = SCHEMES.get(name)
+    if scheme is not None:
+        _check_kind(t, name)
     placements = None if scheme is None else scheme.parse_override(arg, t, world)
     if placements is None:
         raise ValueError(
@@ -44,6 +47,16 @@ def _override(t: PlannedTable, value: Any, world: int) -> list[TableShard]:
             "'row_wise:div', 'row_wise:mod' or 'table_wise:<rank>'"
         )
     return [TableShard.from_dict(p) for p in placements]
+
+
+def _check_kind(t: PlannedTable, scheme: str) -> None:
+    if SCHEMES[scheme].dynamic != t.dynamic:
+        kind = "dynamic" if t.dynamic else "fixed"
+        allowed = [n for n, s in SCHEMES.items() if s.dynamic == t.dynamic]
+        raise ValueError(
+            f"plan: override {scheme!r} for table '{t.name}': {kind} tables take the schemes "
+            f"{allowed}"
+        )
 
 
 def plan(

@@ -65,8 +65,10 @@ def _verdict(
         for shard in candidates(t, world, min_column_width)
     }
     replicated = sent.pop(DataParallel.scheme, 0.0)
-    sharded = min(sent.values())
-    if world == 1:
+    sharded = min(sent.values(), default=0.0)
+    if t.dynamic:
+        verdict, reason = False, "dynamic: placed by key hash"
+    elif world == 1:
         verdict, reason = False, "one rank"
     elif size > max_bytes:
         verdict, reason = False, f"over {max_bytes / (1 << 20):g} MiB"

@@ -8,10 +8,13 @@ from typing import Any
 
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.optimizers.base import Optimizer
-from embcore.sharding.schemes import PlannedTable
+from embcore.sharding.schemes import PlannedTable, is_dynamic
 from embcore.sharding.schemes._cost import F32_BYTES
 
-__all__ = ["Resolved", "planned_tables", "resolved"]
+__all__ = ["DYNAMIC_EXPECTED_ROWS", "Resolved", "expected_rows", "planned_tables", "resolved"]
+
+#: The rows the planner expects a dynamic table without ``max_rows`` to hold.
+DYNAMIC_EXPECTED_ROWS = 1 << 20
 
 #: ``(features, tables)`` as :func:`embcore.config.resolve` returns them.
 Resolved = tuple[list[ResolvedFeature], list[ResolvedTable]]
@@ -43,23 +46,43 @@ def planned_tables(
         lengths = [features[i].config.max_sequence_length or 1 for i in t.features]
         samples = batch_size * sum(lengths)
         ids_per_example, unique_ratio = float(sum(lengths)), 1.0
-        if stats is not None and t.name in stats:
-            ids_per_example, unique_ratio = _stat(stats[t.name], t.name)
+        table_stats = stats.get(t.name) if stats is not None else None
+        if table_stats is not None:
+            ids_per_example, unique_ratio = _stat(table_stats, t.name)
         ids = batch_size * ids_per_example
+        rows = expected_rows(t, table_stats)
         out.append(
             PlannedTable(
                 name=t.name,
-                vocab=t.vocabulary_size,
+                vocab=rows,
                 dim=t.dim,
                 col_bytes=F32_BYTES * (1 + sum(not s.rowwise for s in specs)),
                 row_bytes=F32_BYTES * sum(s.rowwise for s in specs),
                 samples=float(samples),
                 ids=ids,
-                unique=min(float(t.vocabulary_size), ids * unique_ratio),
+                unique=min(float(rows), ids * unique_ratio),
                 element_wise=not any(s.rowwise for s in specs),
+                dynamic=is_dynamic(t),
             )
         )
     return out
+
+
+def expected_rows(table: ResolvedTable, stats: Any = None) -> int:
+    """The rows a table holds: its vocabulary, or for a dynamic table its eviction's
+    ``max_rows`` (a total over the ranks), else the rows its lookup statistics saw it hold
+    (``stats``: an ``embcore.stats.TableStats`` or a dict with ``rows_held``), else
+    :data:`DYNAMIC_EXPECTED_ROWS`."""
+    if not is_dynamic(table):
+        return table.vocabulary_size
+    eviction = getattr(table.config, "eviction", None)
+    max_rows = getattr(eviction, "max_rows", None)
+    if max_rows is not None:
+        return int(max_rows)
+    held = stats.get("rows_held") if isinstance(stats, Mapping) else getattr(stats, "rows_held", 0)
+    if isinstance(held, int) and not isinstance(held, bool) and held > 0:
+        return held
+    return DYNAMIC_EXPECTED_ROWS
 
 
 def _stat(value: Any, name: str) -> tuple[float, float]:

@@ -12,11 +12,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
+from embcore.sharding.schemes._base import (
+    Scheme,
+    Shard,
+    ShardDict,
+    ShardEnv,
+    UpdateJob,
+    is_dynamic,
+)
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece
 from embcore.sharding.schemes.column_wise import ColumnWise
 from embcore.sharding.schemes.data_parallel import DataParallel
+from embcore.sharding.schemes.key_hash import KeyHash
 from embcore.sharding.schemes.row_wise import RowWise
 from embcore.sharding.schemes.table_wise import TableWise
 
@@ -25,6 +33,7 @@ __all__ = [
     "ColumnWise",
     "Cost",
     "DataParallel",
+    "KeyHash",
     "Piece",
     "PlannedTable",
     "RowWise",
@@ -34,18 +43,20 @@ __all__ = [
     "ShardEnv",
     "TableWise",
     "UpdateJob",
+    "is_dynamic",
     "lookup_load",
 ]
 
 #: Scheme name -> implementation, in the order the planner tries them (the first of equally
-#: good placements wins). The conformance list: shared tests run over every entry.
+#: good placements wins). The conformance list: shared tests run over every entry. Fixed
+#: tables take the schemes whose ``dynamic`` is false, dynamic tables the others (key_hash).
 SCHEMES: dict[str, type[Scheme]] = {
-    s.scheme: s for s in (TableWise, RowWise, ColumnWise, DataParallel)
+    s.scheme: s for s in (TableWise, RowWise, ColumnWise, DataParallel, KeyHash)
 }
 
 
 def lookup_load(
-    shard: Shard, vocabulary_size: int, world_size: int, rank: int
+    shard: Shard, vocabulary_size: int | None, world_size: int, rank: int
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The load function of one table placed by ``shard``, on rank ``rank``: ``ids (N,)
     int64 -> (world_size,) int64`` id occurrences each rank serves (see

@@ -27,7 +27,7 @@ from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 from embcore.sharding.schemes._piece import Piece, initial_piece
 
-__all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "served_by"]
+__all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "is_dynamic", "served_by"]
 
 #: A placement in the plan format's dict form (``TableShard.to_dict()``), as the planning
 #: methods return it: the planner turns it into a ``TableShard``.
@@ -71,6 +71,11 @@ class UpdateJob:
     lr_table: int  # index of the table, whose learning rate applies
 
 
+def is_dynamic(table: ResolvedTable) -> bool:
+    """Whether ``table`` is a dynamic table (``vocabulary_size=None``: any int64 key)."""
+    return table.config.vocabulary_size is None
+
+
 def served_by(ranks: list[int], world_size: int) -> Callable[[np.ndarray], np.ndarray]:
     """A load function where each of ``ranks`` serves every id looked up."""
     owners = np.asarray(ranks, dtype=np.int64)
@@ -97,6 +102,8 @@ class Scheme(ABC):
     scheme: ClassVar[str]
     #: The optional :class:`TableShard` fields it takes (others must be ``None``).
     shard_fields: ClassVar[tuple[str, ...]] = ()
+    #: Whether it places dynamic tables (``vocabulary_size=None``) instead of fixed ones.
+    dynamic: ClassVar[bool] = False
 
     # ------------------------------------------------------------ the plan format
     @classmethod  # noqa: B027

@@ -27,6 +27,7 @@ class PlannedTable:
         ids: ids looked up per rank and step.
         unique: distinct ids among them (at most ``vocab``).
         element_wise: whether the optimizer keeps no row-wise slot (column shards allowed).
+        dynamic: a dynamic table: ``vocab`` is the rows it is expected to hold.
     """
 
     name: str
@@ -38,6 +39,7 @@ class PlannedTable:
     ids: float
     unique: float
     element_wise: bool
+    dynamic: bool = False
 
     def bytes(self, rows: int, cols: int) -> int:
         """Bytes of ``rows`` rows and ``cols`` columns, weights plus optimizer slots."""
