@@ -126,14 +126,14 @@ def test_a_damaged_program_is_named(bundle: Path, tmp_path: Path, capsys) -> Non
     assert "invalid choice: 'onnx'" in capsys.readouterr().err
 
 
-def test_aoti_without_a_compiler_is_one_line_and_writes_nothing(
-    bundle, tmp_path, capsys, monkeypatch
-):
+def test_aoti_without_a_compiler_is_one_line_and_writes_nothing(bundle, tmp_path, capsys):
     from torch._inductor import config
 
-    monkeypatch.setattr(config.cpp, "cxx", (None, "/nonexistent/g++"))
     out = tmp_path / "aoti"
-    assert main(["export", "--run", str(bundle.parent), "--out", str(out), "--format", "aoti"]) == 2
+    # Inductor's own patch restores its config (monkeypatch's undo deletes the entry)
+    with config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        code = main(["export", "--run", str(bundle.parent), "--out", str(out), "--format", "aoti"])
+    assert code == 2
     err = _one_line_error(capsys)
     assert "no working C++ compiler (tried '/nonexistent/g++')" in err and "--format pt2" in err
     assert not out.exists()
