@@ -15,19 +15,23 @@ def unavailable() -> str | None:
     return None
 
 
+def bags_and_optimizer(workload: Workload) -> tuple[nn.ModuleList, torch.optim.Adagrad]:
+    """One ``nn.EmbeddingBag(mode="sum", sparse=True)`` per table, uniform in +-0.05, and the
+    ``optim.Adagrad`` over them."""
+    # opt out of sparse invariant checks explicitly (as the default does, minus its warning)
+    torch.sparse.check_sparse_tensor_invariants.disable()
+    bags = nn.ModuleList(
+        nn.EmbeddingBag(v, workload.dim, mode="sum", sparse=True) for v in workload.vocab
+    )
+    with torch.no_grad():
+        for bag in bags:
+            bag.weight.uniform_(-0.05, 0.05)
+    return bags, torch.optim.Adagrad(bags.parameters(), lr=0.01, initial_accumulator_value=0.1)
+
+
 class Run:
     def __init__(self, workload: Workload, optimizer: str, batches: list[Batch]) -> None:
-        # opt out of sparse invariant checks explicitly (as the default does, minus its warning)
-        torch.sparse.check_sparse_tensor_invariants.disable()
-        self.bags = nn.ModuleList(
-            nn.EmbeddingBag(v, workload.dim, mode="sum", sparse=True) for v in workload.vocab
-        )
-        with torch.no_grad():
-            for bag in self.bags:
-                bag.weight.uniform_(-0.05, 0.05)
-        self.opt = torch.optim.Adagrad(
-            self.bags.parameters(), lr=0.01, initial_accumulator_value=0.1
-        )
+        self.bags, self.opt = bags_and_optimizer(workload)
         self.inputs = [
             [
                 (torch.from_numpy(v), torch.from_numpy(o[:-1]))

@@ -7,8 +7,8 @@ mapping (``dict.setdefault`` per key) is part of the timed step."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from sidebyside.systems.plain_torch import bags_and_optimizer
 from sidebyside.workloads import Batch, Workload, projection
 
 NAME = "plain PyTorch + dict"
@@ -25,16 +25,7 @@ def supports(workload: Workload) -> bool:
 
 class Run:
     def __init__(self, workload: Workload, optimizer: str, batches: list[Batch]) -> None:
-        torch.sparse.check_sparse_tensor_invariants.disable()
-        self.bags = nn.ModuleList(
-            nn.EmbeddingBag(v, workload.dim, mode="sum", sparse=True) for v in workload.vocab
-        )
-        with torch.no_grad():
-            for bag in self.bags:
-                bag.weight.uniform_(-0.05, 0.05)
-        self.opt = torch.optim.Adagrad(
-            self.bags.parameters(), lr=0.01, initial_accumulator_value=0.1
-        )
+        self.bags, self.opt = bags_and_optimizer(workload)
         self.rows: list[dict[int, int]] = [{} for _ in workload.vocab]
         self.inputs = [
             [
