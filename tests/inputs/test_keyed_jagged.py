@@ -11,32 +11,10 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from kjt_stand_in import StandInKJT
 
 import embcore as ec
 from embcore.keyed_jagged import from_keyed_jagged, is_keyed_jagged
-
-
-class StandInKJT:
-    """The parts of torchrec.sparse.jagged_tensor.KeyedJaggedTensor that embcore reads."""
-
-    def __init__(self, keys, values, lengths, weights=None):
-        self._keys, self._values, self._lengths, self._weights = keys, values, lengths, weights
-
-    def keys(self):
-        return self._keys
-
-    def values(self):
-        return self._values
-
-    def lengths(self):
-        return self._lengths
-
-    def offsets(self):
-        return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self._lengths, 0)])
-
-    def weights_or_none(self):
-        return self._weights
-
 
 # two keys, three samples each: user rows [3, 1], [], [4]; item rows [0], [2], [5, 6, 7]
 KEYS = ["user", "item"]

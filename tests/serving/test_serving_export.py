@@ -19,6 +19,7 @@ from engine_cases import (
     ragged_sequence_samples,
     table_values,
 )
+from kjt_stand_in import StandInKJT
 from numpy_reference import Sample, lookup, safe_prune
 
 import embcore as ec
@@ -148,28 +149,6 @@ def test_serving_lookup_accepts_ragged_ids_and_engine_weights(engine_and_values,
         assert torch.equal(got[name], want), name
 
 
-class _KJT:
-    """The methods of TorchRec's KeyedJaggedTensor that embcore reads."""
-
-    def __init__(self, keys, values, lengths, weights):
-        self._keys, self._values, self._lengths, self._weights = keys, values, lengths, weights
-
-    def keys(self):
-        return self._keys
-
-    def values(self):
-        return self._values
-
-    def lengths(self):
-        return self._lengths
-
-    def offsets(self):
-        return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self._lengths, 0)])
-
-    def weights_or_none(self):
-        return self._weights
-
-
 def test_serving_lookup_takes_a_keyed_jagged_tensor(engine_and_values, exported):
     engine, values = engine_and_values
     program_in, _, _ = _batch(values, 4, seed=4)
@@ -181,7 +160,7 @@ def test_serving_lookup_takes_a_keyed_jagged_tensor(engine_and_values, exported)
         ids.append(x[0])
         lengths.append(x[1][1:] - x[1][:-1])
         weights.append(x[2] if len(x) == 3 else torch.ones(x[0].shape))
-    kjt = _KJT(keys, torch.cat(ids), torch.cat(lengths), torch.cat(weights))
+    kjt = StandInKJT(keys, torch.cat(ids), torch.cat(lengths), torch.cat(weights))
     got = ServingLookup(engine)(kjt)
     for name, want in exported(program_in).items():  # weights of 1 change nothing
         assert torch.equal(got[name], want), name
