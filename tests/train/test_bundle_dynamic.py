@@ -1,6 +1,6 @@
 """A serving bundle of a DLRM on dynamic tables: tables.safetensors holds each table's keys beside
-its rows, model.pt2 serves it with the model's own logits, and the safetensors form (which
-rebuilds fixed-size tables) refuses it with a message naming the way that works."""
+its rows; the model embcore builds from them (no program file read) and model.pt2 (trusted)
+both serve it with the model's own logits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -39,15 +38,20 @@ def _dynamic_dlrm() -> DLRM:
     )
 
 
-def test_a_dynamic_bundle_serves_from_its_program(tmp_path: Path, capsys) -> None:
-    config = load_config(None, ["data.eval_rows=300", "data.vocab_cap=50"])
+def _config():
+    """The run config of :func:`_dynamic_dlrm` (the bundle's model is rebuilt from it)."""
+    model = ['model.tables="dynamic"', f"model.embedding_dim={DIM}", "model.bottom_mlp=[8]"]
+    return load_config(
+        None, ["data.eval_rows=300", "data.vocab_cap=50", *model, "model.top_mlp=[8]"]
+    )
+
+
+def test_a_dynamic_bundle_serves_from_its_tensors(tmp_path: Path, capsys) -> None:
+    config = _config()
     model = _dynamic_dlrm()
     batches = list(rebatch(SyntheticSource(config.data).eval_set().batches, 150))
     model(batches[0].dense, batches[0].sparse).sum().backward()  # admits the first half's ids
     model.eval()
-    with pytest.raises(ValueError, match=r"are dynamic: .* export with --format pt2"):
-        export_bundle(model, config, tmp_path / "bundle")  # the safetensors form could not serve
-    assert not (tmp_path / "bundle").exists()
     out = export_bundle(model, config, tmp_path / "bundle", fmt="pt2")
 
     tables = load_file(out / "tables.safetensors")
@@ -59,22 +63,36 @@ def test_a_dynamic_bundle_serves_from_its_program(tmp_path: Path, capsys) -> Non
         assert manifest["tables"][name]["vocabulary_size"] is None
         assert manifest["tables"][name]["rows"] == keys.numel() > 0
 
-    serving = load_bundle(out, "pt2")
+    from_tensors = load_bundle(out)  # embcore's own model: no program file is read
+    from_program = load_bundle(out, "pt2", trusted_program=True)
     for batch in batches:  # seen and unseen ids
         with torch.no_grad():
-            assert torch.equal(serving(batch.dense, batch.sparse), model(batch.dense, batch.sparse))
-    with pytest.raises(
-        ValueError,
-        match=r"dynamic tables \(C1, C10, C11 and 23 more\) hold keys and rows.*--format pt2",
-    ):
-        load_bundle(out)
+            want = model(batch.dense, batch.sparse)
+        assert torch.equal(from_tensors(batch.dense, batch.sparse), want)
+        assert torch.equal(from_program(batch.dense, batch.sparse), want)
     # the same batches: a matrix product's rounding may depend on the number of rows
-    assert main(["predict", "--bundle", str(out), "--format", "pt2", "--batch-size", "150",
-                 "--output", str(tmp_path / "s.npy")]) == 0  # fmt: skip
+    for extra in ([], ["--format", "pt2", "--trusted-program"]):
+        scores = tmp_path / f"s{len(extra)}.npy"
+        args = ["predict", "--bundle", str(out), "--batch-size", "150", "--output", str(scores)]
+        assert main([*args, *extra]) == 0
+        with torch.no_grad():
+            want = torch.cat([model(b.dense, b.sparse) for b in batches]).numpy()
+        np.testing.assert_array_equal(np.load(scores), want)
+
+
+def test_a_dynamic_bundle_without_its_program_serves(tmp_path: Path) -> None:
+    config = _config()
+    model = _dynamic_dlrm()
+    batch = next(iter(rebatch(SyntheticSource(config.data).eval_set().batches, 150)))
+    model(batch.dense, batch.sparse).sum().backward()
+    model.eval()
+    out = export_bundle(model, config, tmp_path / "bundle")  # safetensors only
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "dense.safetensors",
+        "tables.safetensors",
+    ]
     with torch.no_grad():
-        want = torch.cat([model(b.dense, b.sparse) for b in batches]).numpy()
-    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), want)
-    capsys.readouterr()
-    assert main(["predict", "--bundle", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "serve this bundle from its program, --format pt2" in err
+        assert torch.equal(
+            load_bundle(out)(batch.dense, batch.sparse), model(batch.dense, batch.sparse)
+        )
