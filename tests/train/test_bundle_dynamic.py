@@ -5,13 +5,16 @@ both serve it with the model's own logits."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import embcore as ec
+from embcore._fingerprint import seal, sha256_file
 from embcore.cli.main import main
 from embcore.data.batch import NUM_DENSE, SPARSE_NAMES, rebatch
 from embcore.models import DLRM, DotInteraction
@@ -96,3 +99,82 @@ def test_a_dynamic_bundle_without_its_program_serves(tmp_path: Path) -> None:
         assert torch.equal(
             load_bundle(out)(batch.dense, batch.sparse), model(batch.dense, batch.sparse)
         )
+
+
+def _crafted(good: Path, out: Path, tables=None, dense=None, manifest=None) -> Path:
+    """A copy of ``good`` with its tensors or ``config.json`` edited, resealed (every sha256
+    matches: what a crafted bundle looks like)."""
+    shutil.copytree(good, out)
+    doc = json.loads((out / "config.json").read_text())
+    doc.pop("sha256")
+    for name, edit in (("tables", tables), ("dense", dense)):
+        if edit is not None:
+            tensors = load_file(out / f"{name}.safetensors")
+            edit(tensors)
+            save_file(tensors, out / f"{name}.safetensors")
+        doc["files_sha256"][f"{name}.safetensors"] = sha256_file(out / f"{name}.safetensors")
+    if manifest is not None:
+        manifest(doc)
+    (out / "config.json").write_text(json.dumps(seal(doc)))
+    return out
+
+
+def _descending(t):
+    t["C1.keys"] = t["C1.keys"].flip(0).contiguous()
+
+
+def _duplicate(t):
+    t["C1.keys"][1] = t["C1.keys"][0]
+
+
+def _short(t):
+    t["C1"] = t["C1"][:-1].contiguous()
+
+
+def _int32(t):
+    t["C1.keys"] = t["C1.keys"].int()
+
+
+def _bias(t):
+    t["bottom.0.bias"] = torch.zeros(3, 3)
+
+
+def _rows(m):
+    m["tables"]["C1"]["rows"] += 1
+
+
+def _huge(m):
+    m["config"]["model"]["bottom_mlp"] = [10**9]
+
+
+CRAFTED = [
+    ("keys descending", {"tables": _descending}, r"table 'C1': keys must be strictly ascending"),
+    ("a key twice", {"tables": _duplicate}, r"table 'C1': keys must be strictly ascending"),
+    ("a row short", {"tables": _short}, r"table 'C1': rows must be \(\d+, 4\) float32"),
+    ("int32 keys", {"tables": _int32}, r"table 'C1': keys must be \(R,\) int64"),
+    ("rows recorded", {"manifest": _rows}, r"table 'C1' holds \d+ keys, config.json records"),
+    ("a dense weight", {"dense": _bias}, r"dense.safetensors: 'bottom.0.bias' is torch.float32"),
+    ("a huge MLP", {"manifest": _huge}, r"the dense layers .* need at least 1,609.3 GiB"),
+]
+
+
+@pytest.fixture(scope="module")
+def dynamic_bundle(tmp_path_factory) -> Path:
+    config = _config()
+    model = _dynamic_dlrm()
+    batch = next(iter(rebatch(SyntheticSource(config.data).eval_set().batches, 150)))
+    model(batch.dense, batch.sparse).sum().backward()
+    return export_bundle(model.eval(), config, tmp_path_factory.mktemp("d") / "bundle")
+
+
+@pytest.mark.parametrize(("case", "edit", "message"), CRAFTED, ids=[c for c, _, _ in CRAFTED])
+def test_a_crafted_dynamic_bundle_is_one_clear_error(
+    dynamic_bundle, tmp_path, capsys, case, edit, message
+):
+    bad = _crafted(dynamic_bundle, tmp_path / "bad", **edit)
+    with pytest.raises(ValueError, match=message):
+        load_bundle(bad)
+    capsys.readouterr()
+    assert main(["predict", "--bundle", str(bad), "--rows", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and str(bad) in err, err

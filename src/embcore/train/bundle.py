@@ -44,7 +44,7 @@ from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
 from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.train.bundle_dynamic import KEYS, dynamic_model
-from embcore.train.config import Config
+from embcore.train.config import Config, check_resources
 from embcore.train.model import build_model
 from embcore.train.program import FORMATS, PROGRAM_FILES, SIGNATURE, load_program, write_programs
 from embcore.train.run_state import load_checkpoint
@@ -238,6 +238,7 @@ def load_bundle(
         config = Config.from_dict(manifest["config"])
         return ServingModel(load_program(root / needed[0], fmt), config, manifest)
     config = Config.from_dict(manifest["config"])
+    check_resources(config)  # a crafted config.json must not size the model past memory
     tables = load_file(root / "tables.safetensors")
     if config.model.tables == "dynamic":  # keys and rows: embcore's serving lookup
         model = dynamic_model(root, config, tables, manifest)
@@ -267,6 +268,13 @@ def untrusted_program(path: Path) -> str:
 
 
 def _load_dense(root: Path, model: torch.nn.Module, dense: dict[str, torch.Tensor]) -> None:
+    want = model.state_dict()
+    for key, value in dense.items():  # before any copy: one message naming file and weight
+        if key in want and (value.shape != want[key].shape or value.dtype != want[key].dtype):
+            raise ValueError(
+                f"{root}/dense.safetensors: '{key}' is {value.dtype} {tuple(value.shape)}, the "
+                f"model of config.json has {want[key].dtype} {tuple(want[key].shape)}"
+            )
     missing, unexpected = model.load_state_dict(dense, strict=False)
     missing = [k for k in missing if not k.startswith(_ENGINE)]
     if missing or unexpected:
