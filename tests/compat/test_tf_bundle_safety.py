@@ -352,3 +352,15 @@ def test_truncations_and_byte_flips_raise_only_checkpoint_error(tmp_path, layout
 
 def test_fixtures_directory_is_untouched():
     assert (FIXTURES / "estimator" / "checkpoint").read_text().startswith("model_checkpoint_path")
+
+
+def test_a_checkpoint_file_naming_two_prefixes_or_a_path_of_another_type_is_refused(tmp_path):
+    here = copy_fixture("estimator", tmp_path / "here").parent
+    (here / "checkpoint").write_text(
+        'model_checkpoint_path: "model.ckpt-7"\nmodel_checkpoint_path: "../elsewhere/x"\n'
+    )  # TensorFlow's text-format parser would take the last one
+    with pytest.raises(CheckpointError, match=r"expected one model_checkpoint_path line, found 2"):
+        load_tf_checkpoint(make_engine(), here)
+    for path in (None, 3, b"/tmp"):
+        with pytest.raises(TypeError, match=r"path must be a str or os\.PathLike"):
+            load_tf_checkpoint(make_engine(), path)

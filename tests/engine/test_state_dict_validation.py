@@ -286,3 +286,20 @@ def test_a_checkpoint_holding_an_impossible_dynamic_table_is_refused(tmp_path):
     assert "'pending/keys' holds key 7, which also holds a row" in message
     assert "'last_seen' of key 9 is step 30" in message and "nothing was loaded" in message
     assert_same(before, snapshot(emb))
+
+
+@pytest.mark.parametrize(
+    "key", ["video.weight", f"{SEEN}.weight", f"{SEEN}.keys", f"{SEEN}.pending/counts", "step"]
+)
+@pytest.mark.parametrize("kind", ["meta", "sparse"])
+def test_a_sparse_or_meta_tensor_anywhere_loads_nothing(key, kind):
+    """Shapes and dtypes right, values unusable: before, the fixed table was already
+    replaced when the dynamic table's copy failed."""
+    state = fresh_fixed(trained_state())
+    value = state[key]
+    state[key] = value.to("meta") if kind == "meta" else value.to_sparse()
+    emb = make_engine()
+    before = snapshot(emb)
+    with pytest.raises(RuntimeError, match=rf"{key}: expected a dense tensor holding data"):
+        emb.load_state_dict(state, strict=False)
+    assert_same(before, snapshot(emb))

@@ -69,10 +69,12 @@ def resolve_checkpoint_prefix(path: str | Path) -> Path:
             text = read_small_file(state, MAX_STATE_BYTES, "checkpoint state").decode()
         except UnicodeDecodeError as e:
             raise CheckpointError(f"{state}: not a text file ({e})") from e
-        found = re.search(r'^model_checkpoint_path:\s*"([^"\\]*)"\s*$', text, re.M)
-        if found is None:
-            raise CheckpointError(f"{state}: no model_checkpoint_path line")
-        path = _inside(path, found.group(1), state)
+        found = re.findall(r'^model_checkpoint_path:\s*"([^"\\\n]*)"\s*$', text, re.M)
+        if len(found) != 1:  # TensorFlow's parser would take the last of several
+            raise CheckpointError(
+                f"{state}: expected one model_checkpoint_path line, found {len(found)}"
+            )
+        path = _inside(path, found[0], state)
     index = path.with_name(path.name + ".index")
     if not os.path.lexists(index):  # present: opened (and refused if unsafe) when read
         raise CheckpointError(
@@ -190,6 +192,10 @@ def load_tf_checkpoint(
             f"load_tf_checkpoint: layout must be 'auto', 'midlevel' or 'estimator', got {layout!r}"
         )
     engine = _engine_of(target)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"load_tf_checkpoint: path must be a str or os.PathLike, got {type(path).__name__}"
+        )
     prefix = resolve_checkpoint_prefix(path)
     dynamic = [t.name for t in engine.tables if t.dynamic]
     if dynamic:

@@ -66,9 +66,9 @@ def dynamic_entries(
     partial = in_pending and any(n not in out.given for n in pending)
     if not strict and (core or partial):  # keys and rows only make sense together
         out.errors.append(f"{table.name}: a dynamic table loads whole, lacking {out.lacking}")
-    given_tensors = {k: v for k, v in out.given.items() if isinstance(v, Tensor)}
+    given_tensors = {k: v for k, v in out.given.items() if _dense(v)}
     out.errors += [
-        f"{head}{k}: expected a tensor, got {type(v).__name__}"
+        f"{head}{k}: expected a dense tensor holding data, got {_kind(v)}"
         for k, v in out.given.items()
         if k not in given_tensors
     ]
@@ -80,10 +80,14 @@ def fixed_problems(state_dict: Mapping[str, Any], keys: list[str], step_key: str
     """Entries of ``keys`` (fixed tables' weights and slots) that are not floating point,
     and a ``step`` that is not a non-negative integer (shapes are checked elsewhere)."""
     out = []
-    for key in keys:
+    for key in [*keys, step_key]:
         value = state_dict.get(key)
-        if isinstance(value, Tensor) and not value.dtype.is_floating_point:
+        if isinstance(value, Tensor) and not _dense(value):
+            out.append(f"{key}: expected a dense tensor holding data, got {_kind(value)}")
+        elif key != step_key and isinstance(value, Tensor) and not value.dtype.is_floating_point:
             out.append(f"{key}: expected a floating-point tensor, got {value.dtype}")
+    if out:
+        return out
     step = state_dict.get(step_key)
     if isinstance(step, Tensor) and step.shape == ():
         if step.dtype.is_floating_point or step.dtype.is_complex or step.dtype == torch.bool:
@@ -91,3 +95,17 @@ def fixed_problems(state_dict: Mapping[str, Any], keys: list[str], step_key: str
         elif int(step) < 0:
             out.append(f"{step_key}: the step is {int(step)}, expected >= 0")
     return out
+
+
+def _dense(value: Any) -> bool:
+    """A strided tensor whose values exist (not sparse, not on the ``meta`` device): what
+    can be copied into a table."""
+    return (
+        isinstance(value, Tensor) and value.layout == torch.strided and value.device.type != "meta"
+    )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a {str(value.layout).removeprefix('torch.')} tensor on {value.device}"
+    return type(value).__name__
