@@ -159,7 +159,14 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.rows < 0:
         raise UserError("--batch-size must be >= 1 and --rows >= 0")
     if args.input and not Path(args.input).is_file():
-        what = "is a directory" if Path(args.input).is_dir() else "no such file"
+        given = Path(args.input)
+        what = (
+            "is a directory"
+            if given.is_dir()
+            else "is not a regular file"
+            if given.exists()
+            else "no such file"
+        )
         raise UserError(f"--input {args.input}: {what}")
     if args.format in PROGRAM_FILES and not args.trusted_program:
         raise UserError(untrusted_program(Path(args.bundle) / PROGRAM_FILES[args.format]))
