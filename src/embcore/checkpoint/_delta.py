@@ -29,6 +29,7 @@ from embcore.checkpoint._errors import CheckpointError
 
 __all__ = [
     "SavePlan",
+    "check_base",
     "fit_problems",
     "load_states",
     "plan_save",
@@ -150,10 +151,10 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
                 f"{what}: base {base} was saved by an engine that does not fit this one: "
                 + "; ".join(problems)
             )
+        chain = check_base(link)
         base_section = link.manifest.get("dynamic") or {}
         base_known = _KNOWN.get(view.engine, {}).get(link.sha256)
         if base_known is None and base_section:
-            chain = resolve(link)
             base_known = {
                 t: _dynamic.restore(t, chain, _read_checked, columns=False)[0] for t in base_section
             }
@@ -164,6 +165,29 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
     if section:
         sections["dynamic"] = section
     return SavePlan(tensors, sections, known)
+
+
+def check_base(link: Link) -> list[Link]:
+    """The chain of a delta's base as it is on disk now, every chunk's sha256 checked and
+    every dynamic table replayed against its set digests: a delta is never saved on a base
+    that could not load (whether the engine remembers the base or reads it).
+
+    Raises:
+        FileNotFoundError: a base along the chain is missing.
+        CheckpointError: a base along the chain is corrupt, replaced or does not replay.
+    """
+    chain = resolve(link)
+    for item in chain:
+        for c in item.chunks:
+            found = sha256_chunk(item.path, c.file, c.offset, c.length)
+            if found != _manifest.expected_digest(item.manifest, c):
+                raise CheckpointError(
+                    f"embcore.checkpoint.save: {item.path} is corrupt: {c.describe()}: sha256 "
+                    f"expected {_manifest.expected_digest(item.manifest, c)}, found {found} "
+                    f"(the chain of the base {link.path}; a delta on it could never load)"
+                )
+    verify_chain(chain)
+    return chain
 
 
 def load_states(
