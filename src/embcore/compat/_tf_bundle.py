@@ -247,7 +247,7 @@ def read_checkpoint(prefix: str | Path, names: list[str] | None = None) -> dict[
             out[name] = _tensor(prefix, entry, name, shards)
             continue
         full = np.zeros(entry["shape"], dtype=_DTYPES.get(entry["dtype"], np.float32))
-        covered = np.zeros(entry["shape"][:1] or [1], dtype=bool)
+        covered = np.zeros(entry["shape"] or [1], dtype=bool)  # every element: rows and columns
         for extents in entry["slices"]:
             part_key = _slice_key(name, extents)
             if part_key not in entries:
@@ -257,7 +257,7 @@ def read_checkpoint(prefix: str | Path, names: list[str] | None = None) -> dict[
                 for s, n in extents + [(0, -1)] * (full.ndim - len(extents))
             )
             full[where] = _tensor(prefix, _entry(entries[part_key]), name, shards)
-            covered[where[0] if full.ndim else 0] = True
+            covered[where] = True
         if not covered.all():
             raise CheckpointError(f"{prefix}: the slices of tensor '{name}' do not cover it")
         out[name] = full
