@@ -9,11 +9,10 @@ keys reading zero, eviction by age and by count, and keys admitted again.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
+from dynamic_model import Model
 
 import embcore as ec
 from embcore.dynamic.init import default_rows
@@ -23,44 +22,6 @@ POOL = np.array([-(2**63), -5, -1, 0, 1, 2, 3, 7, 2**31, 2**40 + 3, 2**63 - 1], 
 
 def start(key: int) -> np.float32:
     return default_rows(0, "t", np.array([key], np.int64), 1)[0, 0]
-
-
-class Model:
-    def __init__(self, k: int, ttl: int | None, cap: int | None) -> None:
-        self.k, self.ttl, self.cap = k, ttl, cap
-        self.step = 0
-        self.pending: dict[int, tuple[int, int]] = {}  # key -> (count, last seen)
-        self.held: dict[int, list] = {}  # key -> [value, freq, last seen]
-
-    def lookup(self, keys: list[int]) -> dict[int, int]:
-        """A training lookup: counts, admits; returns the occurrences of held keys."""
-        for key, m in sorted(Counter(keys).items()):
-            if key in self.held:
-                self.held[key][1] += m
-                self.held[key][2] = self.step
-                continue
-            total = self.pending.pop(key, (0, 0))[0] + m
-            if total >= self.k:
-                self.held[key] = [start(key), total, self.step]
-            else:
-                self.pending[key] = (total, self.step)
-        return {key: m for key, m in Counter(keys).items() if key in self.held}
-
-    def value(self, key: int) -> np.float32:
-        return self.held[key][0] if key in self.held else np.float32(0.0)
-
-    def update(self, touched: dict[int, int]) -> None:
-        for key, m in touched.items():
-            self.held[key][0] = np.float32(self.held[key][0] - np.float32(m))
-        if self.ttl is not None:
-            cut = self.step - self.ttl
-            self.held = {k: v for k, v in self.held.items() if v[2] > cut}
-            self.pending = {k: v for k, v in self.pending.items() if v[1] > cut}
-        if self.cap is not None and len(self.held) > self.cap:
-            order = sorted(self.held, key=lambda k: (self.held[k][1], self.held[k][2], k))
-            for key in order[: len(self.held) - self.cap]:
-                del self.held[key]
-        self.step += 1
 
 
 @pytest.mark.parametrize(
@@ -97,7 +58,7 @@ def run_against_the_model(
     emb = ec.EmbeddingEngine(
         {"x": ec.FeatureConfig(table), "y": ec.FeatureConfig(table)}, ec.SGD(1.0), pipeline=pipeline
     )
-    model = Model(k, ttl, cap)
+    model = Model(k, ttl, cap, start)
     rng = np.random.default_rng(seed)
     dropped = 0
     for _ in range(12):
