@@ -89,3 +89,26 @@ def test_fused_and_unfused_tables_are_all_updated_in_one_step(kind, optimizer, h
             for slot, value in slots[n].items():
                 got_slot = engine.slot_variables[n][slot].numpy()
                 np.testing.assert_allclose(got_slot, value, rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 60_000])  # the table's index; hashed dedup (both)
+def test_non_lazy_adam_updates_the_touched_rows_whichever_dedup_ran(vocab: int) -> None:
+    """Non-lazy Adam sweeps every row and finds a touched row's gradient through the table's
+    index; with few ids for the vocabulary the dedup is hashed and must still leave it."""
+    hp = {"learning_rate": 0.05, "lazy_adam": False, "weight_decay_factor": 0.1}
+    rng = np.random.default_rng(vocab)
+    values = table_values(rng, vocab, 2)
+    table = ec.TableConfig(vocab, 2, initializer=initializer_from(values), name="t")
+    engine = ec.EmbeddingEngine(ec.FeatureConfig(table), ec.Adam(**hp), backend="cpu")
+    want = values.astype(np.float64)
+    slots = ref.initial_slots("adam", hp, vocab, 2)
+    for step in range(1, 4):
+        ids = rng.integers(vocab, size=6)
+        acts = engine(torch.from_numpy(ids))
+        grad = rng.standard_normal((6, 2)).astype(np.float32)
+        (acts * torch.from_numpy(grad)).sum().backward()
+        samples = [[(int(i), 1.0)] for i in ids]
+        g, touched = ref.row_gradients(vocab, 2, [(samples, "sum", grad)])
+        ref.apply_update("adam", hp, want, slots, g, touched, 0.05, step)
+        got = engine.embedding_tables["t"].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
