@@ -158,25 +158,24 @@ class Combo:
 
 
 def local_batch(combo: Combo, step: int, rank: int) -> dict[str, list[ref.Sample]]:
-    """Rank ``rank``'s samples of ``step`` per feature: bags of 0-3 ids, duplicates, hot ids."""
+    """Rank ``rank``'s samples of ``step`` per feature: 2 to 6 samples (the same for every
+    feature), bags of about ``ids / 2 / samples`` ids (0 included), duplicates, hot ids."""
+    batch = int(np.random.default_rng([combo.seed, step, rank]).integers(2, 7))
     out = {}
     for i, t in enumerate(combo.tables):
         for j, name in enumerate(t.features):
             rng = np.random.default_rng([combo.seed, step, rank, i, j])
-            left, rows = max(1, t.ids // 2), []
-            while left > 0:
-                n = min(left, int(rng.integers(0, 4)))
+            mean = max(1, t.ids // 2 // batch)
+            rows = []
+            for n in rng.integers(0, 2 * mean + 1, size=batch).tolist():
                 if t.dynamic:
-                    pick = np.minimum(rng.zipf(1.4, size=n) - 1, POOL.size - 1)
-                    ids = POOL[pick]
+                    ids = POOL[np.minimum(rng.zipf(1.4, size=n) - 1, POOL.size - 1)]
                 else:
                     hot = rng.integers(min(t.vocab, 8), size=n)
                     ids = np.where(rng.random(n) < 0.4, hot, rng.integers(t.vocab, size=n))
-                w = rng.uniform(0.25, 2.0, size=n).astype(np.float32) if combo.weighted else None
-                rows.append(
-                    [(int(k), 1.0 if w is None else float(w[m])) for m, k in enumerate(ids)]
-                )
-                left -= max(n, 1)
+                w = rng.uniform(0.25, 2.0, size=n).astype(np.float32)
+                rows.append([(int(k), float(w[m]) if combo.weighted else 1.0)
+                             for m, k in enumerate(ids)])  # fmt: skip
             out[name] = rows
     return out
 
@@ -452,7 +451,8 @@ def run_one_process(combo: Combo) -> None:
 
 def worker(rank: int, world: int, combo: Combo, tmp: str) -> dict[str, Any]:
     """Load the one-process checkpoint (1 -> 2), train the second half on this rank's
-    batches, save a delta on that checkpoint (2 ranks write), write the statistics."""
+    batches, with a full save after its first step and a delta on it at the end (2 ranks
+    write both), write the statistics."""
     stats = os.path.join(tmp, "stats") if combo.stats else None
     engine = combo.engine(world, stats_dir=stats)
     ec.checkpoint.load(engine, os.path.join(tmp, "full"))
@@ -461,7 +461,9 @@ def worker(rank: int, world: int, combo: Combo, tmp: str) -> dict[str, Any]:
     for step in range(combo.steps // 2, combo.steps):
         batch = local_batch(combo, step, rank)
         acts.append(runner.step(step, batch, local_gradients(combo, step, rank, batch)))
-    ec.checkpoint.save(engine, os.path.join(tmp, "end"), base=os.path.join(tmp, "full"))
+        if step == combo.steps // 2:
+            ec.checkpoint.save(engine, os.path.join(tmp, "mid"))
+    ec.checkpoint.save(engine, os.path.join(tmp, "end"), base=os.path.join(tmp, "mid"))
     if stats is not None:
         engine.write_statistics()
     return {"acts": acts}
@@ -469,7 +471,9 @@ def worker(rank: int, world: int, combo: Combo, tmp: str) -> dict[str, Any]:
 
 def run_sharded(combo: Combo, tmp: str, launch: Any) -> None:
     """The first half in one process, then a full save; the second half on 2 ranks that
-    loaded it, then a delta; one process loads the delta. Every step against the model."""
+    loaded it (a full save and a delta on it); one process loads the delta (2 -> 1). Every
+    step against the model. (A delta of 2 ranks on a base one process saved is refused:
+    the base must come from the same kind of engine.)"""
     model = Reference(combo)
     half = combo.steps // 2
     runner = Runner(combo, combo.engine())
@@ -485,6 +489,8 @@ def run_sharded(combo: Combo, tmp: str, launch: Any) -> None:
         samples, grads = global_batch(combo, step)
         want, held = model.lookup(samples)
         model.update(samples, grads, held)
+        if step == half:
+            model.flush()  # the ranks' full save drains the pipeline
         offset = dict.fromkeys(want, 0)
         for rank in range(combo.world):  # rank r's samples follow those of ranks < r
             mine = {}

@@ -21,8 +21,8 @@ import pytest
 import sharding_harness as h
 import torch
 import torch._dynamo
-from engine_cases import OPTIMIZER_CASES
-from hypothesis import HealthCheck, given, settings
+from engine_cases import OPTIMIZER_CASES, OptCase
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from embcore.ops.cpu import FUSE_BYTES
@@ -33,8 +33,10 @@ NIGHTLY = os.environ.get("EMBCORE_COMBINATIONS") == "nightly"
 EXAMPLES = (300, 40) if NIGHTLY else (14, 2)
 
 
-def _settings(examples: int) -> settings:
+def _settings(examples: int, shrink: bool = True) -> settings:
+    phases = list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
     return settings(
+        phases=phases,
         max_examples=examples,
         derandomize=True,
         database=None,
@@ -113,6 +115,63 @@ def combos(draw, sharded: bool) -> cc.Combo:
     )
 
 
+def _case(case_id: str) -> OptCase:
+    return next(c for c in OPTIMIZER_CASES if c.id == case_id)
+
+
+T = cc.TableSpec
+#: corners every run checks besides the drawn cases: fused and unfused tables in one step
+#: beside an evicting dynamic table (a pipeline drained before each training lookup),
+#: compiled; a stale pipeline with a dynamic table that never evicts; each optimizer kind
+EXPLICIT = [
+    cc.Combo(
+        _case("adagrad"),
+        (T("a", 300, 64, "mean", SIZES["unfused"]), T("b", 7, 4, "sum", SIZES["small"]),
+         T("c", None, 4, "sqrtn", SIZES["small"], min_count=2, cap=6)),
+        weighted=True, pipeline=True, compiled=True, stats=True,
+        tpu_style=(False, True, False, True), ranks=None, threads=2, seed=1,
+    ),
+    cc.Combo(
+        _case("rowwise_adagrad-zero-init-eps-clip-decay"),
+        (T("a", 60_000, 13, "sqrtn", SIZES["tiny"]), T("b", None, 1, "sum", SIZES["small"], ttl=1)),
+        weighted=False, pipeline=True, compiled=False, stats=False,
+        tpu_style=(True, True, False), ranks=None, threads=1, seed=2,
+    ),
+    cc.Combo(
+        _case("adagrad_momentum-nesterov-beta2-exp3"),
+        (T("a", 7, 4, "mean", SIZES["threaded"]), T("b", None, 4, "mean", SIZES["small"])),
+        weighted=True, pipeline=True, compiled=True, stats=False,
+        tpu_style=(False, False, True, False), ranks=None, threads=2, seed=3,
+    ),
+    cc.Combo(
+        _case("adam-non-lazy-decay-wclip"),
+        (T("a", 60_000, 4, "sum", SIZES["tiny"]),
+         T("b", None, 4, "sqrtn", SIZES["small"], min_count=3, ttl=2, cap=5)),
+        weighted=True, pipeline=False, compiled=False, stats=True,
+        tpu_style=(False, True, False, True), ranks=None, threads=1, seed=4,
+    ),
+    cc.Combo(
+        _case("ftrl-l1-l2-beta-power"),
+        (T("a", 300, 13, "sqrtn", SIZES["small"]), T("b", 7, 1, "sum", SIZES["tiny"])),
+        weighted=False, pipeline=True, compiled=True, stats=False,
+        tpu_style=(False, True, False), ranks=None, threads=1, seed=5,
+    ),
+    cc.Combo(
+        _case("sgd-cliplist-decay-by-lr-wclip"),
+        (T("a", None, 13, "mean", SIZES["small"], min_count=2, ttl=2),),
+        weighted=True, pipeline=False, compiled=True, stats=True,
+        tpu_style=(True, False, False), ranks=None, threads=1, seed=6,
+    ),
+]  # fmt: skip
+
+
+def _with_explicit_cases(test):
+    for combo in EXPLICIT:
+        test = example(combo=combo)(test)
+    return test
+
+
+@_with_explicit_cases
 @_settings(EXAMPLES[0])
 @given(combo=combos(sharded=False))
 def test_drawn_engines_follow_the_numpy_model_through_a_checkpoint(combo: cc.Combo) -> None:
@@ -122,7 +181,7 @@ def test_drawn_engines_follow_the_numpy_model_through_a_checkpoint(combo: cc.Com
 
 
 @pytest.mark.multiprocess
-@_settings(EXAMPLES[1])
+@_settings(EXAMPLES[1], shrink=False)  # a launch per example: a failure is reported as drawn
 @given(combo=combos(sharded=True))
 def test_drawn_sharded_engines_follow_the_numpy_model_through_n_to_m_loads(combo, tmp_path_factory):
     torch._dynamo.reset()
@@ -131,7 +190,7 @@ def test_drawn_sharded_engines_follow_the_numpy_model_through_n_to_m_loads(combo
 
 
 def test_the_draws_reach_every_axis() -> None:
-    """The CI profile's cases, as drawn, cover both sides of every axis."""
+    """The CI profile's cases (drawn, and the explicit ones) take every value of every axis."""
     seen: dict[str, set] = {}
 
     @_settings(EXAMPLES[0])
@@ -141,5 +200,8 @@ def test_the_draws_reach_every_axis() -> None:
             seen.setdefault(axis, set()).update(value)
 
     collect()
-    missing = {a: v for a, v in cc.AXES.items() if not set(v) <= seen.get(a, set())}
-    assert not missing, missing
+    for combo in EXPLICIT:
+        for axis, value in cc.axes(combo).items():
+            seen.setdefault(axis, set()).update(value)
+    missing = {a: set(v) - seen.get(a, set()) for a, v in cc.AXES.items()}
+    assert not any(missing.values()), missing
