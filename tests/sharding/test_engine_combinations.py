@@ -28,9 +28,12 @@ from hypothesis import strategies as st
 from embcore.ops.cpu import FUSE_BYTES
 from embcore.ops.cpu.threads import MIN_WORK_PER_THREAD
 
-NIGHTLY = os.environ.get("EMBCORE_COMBINATIONS") == "nightly"
-#: examples per test: (one process, 2 ranks)
-EXAMPLES = (300, 40) if NIGHTLY else (14, 2)
+PROFILE = os.environ.get("EMBCORE_COMBINATIONS", "ci")
+#: examples per test: (one process, 2 ranks); "nightly", or a number of one-process examples
+EXAMPLES = {"ci": (14, 2), "nightly": (300, 40)}.get(PROFILE) or (
+    int(PROFILE),
+    int(PROFILE) // 7 + 1,
+)
 
 
 def _settings(examples: int, shrink: bool = True) -> settings:
@@ -190,7 +193,7 @@ def test_drawn_sharded_engines_follow_the_numpy_model_through_n_to_m_loads(combo
 
 
 def test_the_draws_reach_every_axis() -> None:
-    """The CI profile's cases (drawn, and the explicit ones) take every value of every axis."""
+    """The profile's cases (drawn, and the explicit ones) take every value of every axis."""
     seen: dict[str, set] = {}
 
     @_settings(EXAMPLES[0])
