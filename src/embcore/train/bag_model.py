@@ -4,8 +4,9 @@ Feature ``f`` takes ``widths[f]`` columns of the ``(B, S) int64`` sparse input. 
 columns hold up to ``width`` ids, padded with ``pad``; its table (combiner ``"mean"``) averages
 the rows of the ids that are not padding, zeros for an empty bag, as
 ``nn.EmbeddingBag(mode="mean", padding_idx=...)`` does. The engine gets a bag as ragged ids of
-``width`` per row with weight 0 at the padded positions (their id replaced by 0): no shape
-depends on the data, so the model exports with ``torch.export`` for any batch size.
+``width`` per row with weight 0 at the padded positions (their id replaced by the bag's first,
+so that padding adds no key to a dynamic table unless a bag is empty): no shape depends on the
+data, so the model exports with ``torch.export`` for any batch size.
 
 With ``fold`` (fixed tables fed raw 64-bit ids, ``data.raw_ids``), column ids are folded into
 their table as ``id mod rows`` (floored), padding recognized before folding.
@@ -68,7 +69,7 @@ class LayoutDLRM(DLRM):
                 features[name] = cols[:, 0]
             else:
                 kept = sparse[:, start : start + width] != self.pad
-                values = torch.where(kept, cols, torch.zeros_like(cols)).reshape(-1)
+                values = torch.where(kept, cols, cols[:, :1]).reshape(-1)  # a padded id: the first
                 w = kept.to(torch.float32).reshape(-1)
                 splits = torch.arange(cols.shape[0] + 1, dtype=torch.int64) * width
                 if eager:
