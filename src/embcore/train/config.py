@@ -240,7 +240,7 @@ class RunConfig(_Section):
         steps: training steps.
         epochs: passes over a finite data set (``data.source = "movielens"``): the run trains
             ``epochs`` times its batches per epoch, reshuffled each epoch, and evaluates after
-            each epoch, whatever ``steps`` and ``eval_every`` say; 0: 10 for movielens.
+            each epoch, whatever ``steps`` and ``eval_every`` say; 0: 4 for movielens.
             Other sources stream without end: ``steps`` decides.
         eval_every: evaluate on the held-out rows every this many steps (and at the end).
         log_every: one point of the training-loss curve per this many steps.

@@ -27,7 +27,7 @@ from embcore.train.sources import EVAL_BATCH, EvalSet, Source
 __all__ = ["DEFAULT_EPOCHS", "MovieLensSource", "epoch_config"]
 
 #: Epochs of a movielens run with ``train.epochs = 0``.
-DEFAULT_EPOCHS = 10
+DEFAULT_EPOCHS = 4
 
 
 class MovieLensSource(Source):
