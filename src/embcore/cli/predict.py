@@ -169,8 +169,9 @@ def run(args: argparse.Namespace) -> int:
         report = score(serving, _batches(args, serving))  # readers raise UserError
     finally:
         torch.set_num_threads(threads)
+    data = serving.config.data
     source = args.input or (
-        "built-in held-out rows" if serving.config.data.source == "synthetic" else "held-out rows"
+        "built-in held-out rows" if data.source == "synthetic" else f"{data.path} (held out)"
     )
     if report.rows == 0:
         raise UserError(f"{source}: no rows to score")
