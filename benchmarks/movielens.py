@@ -75,12 +75,14 @@ class PlainDLRM(nn.Module):
         self.bottom = copy.deepcopy(like.bottom)
         self.interaction = copy.deepcopy(like.interaction)
         self.top = copy.deepcopy(like.top)
+        # the interaction sees the features in the engine's order (sorted names), as embcore's
+        self.order = [LAYOUT.sparse_names.index(name) for name in like.engine.feature_names]
 
     def forward(self, dense: Tensor, sparse: Tensor) -> Tensor:
         x = self.bottom(dense)
         columns = torch.split(sparse, list(self.widths), dim=1)
-        emb = torch.stack([bag(c) for bag, c in zip(self.bags, columns, strict=True)], 1)
-        return self.top(self.interaction(x, emb)).squeeze(1)
+        emb = [self.bags[f](columns[f]) for f in self.order]
+        return self.top(self.interaction(x, torch.stack(emb, 1))).squeeze(1)
 
 
 def run_plain(config: Config) -> Result:
