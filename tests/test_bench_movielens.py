@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from movielens_files import write_movielens
@@ -62,6 +63,7 @@ def test_the_plain_twin_trains_as_embcore_does(tmp_path: Path) -> None:
                 opt.step()
 
 
+@pytest.mark.slow
 def test_the_command_reports_four_systems(tmp_path: Path, capsys) -> None:
     write_movielens(tmp_path / "ml", ratings=200)
     out = tmp_path / "results.json"
