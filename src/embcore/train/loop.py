@@ -31,7 +31,9 @@ import embcore as ec
 from embcore._atomic import write_atomic
 from embcore.errors import UserError, reading
 from embcore.models import DLRM
+from embcore.train.bag_model import engine_inputs
 from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
+from embcore.train.contract import describe_ids, id_mode, missing_id
 from embcore.train.metrics import auc, log_loss
 from embcore.train.model import (
     build_model,
@@ -52,7 +54,7 @@ from embcore.train.run_state import (
     prune_checkpoints,
     save_checkpoint,
 )
-from embcore.train.sources import EvalSet, build_source
+from embcore.train.sources import EvalSet, run_source
 
 __all__ = ["Interrupted", "RunState", "TrainResult", "evaluate", "train"]
 
@@ -225,7 +227,8 @@ def train(
 def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) -> TrainResult:
     run_dir.check()
     check_resources(cfg)
-    source = build_source(cfg.data)
+    source = run_source(cfg)
+    cfg = source.run_config(cfg)  # a finite source (movielens) sets the steps from its epochs
     eval_set = source.eval_set()  # read (and checked) before anything is written
     model = build_model(
         cfg.model,
@@ -234,6 +237,8 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
         raw_ids=cfg.data.raw_ids,
+        layout=source.layout,
+        pad=missing_id(cfg),
     )
     optimizer = dense_optimizer(model, cfg.optim)
     forward = compiled(model) if cfg.train.compile else model
@@ -246,6 +251,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
 
     labels = eval_set.labels
     echo(f"data: {source.describe()}; {eval_set.rows:,} held-out rows")
+    echo(describe_ids(cfg))
     rows = (
         "dynamic tables (a row per id seen)"
         if cfg.model.tables == "dynamic"
@@ -267,7 +273,9 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
     last = cfg.train.steps if stop_at is None else min(stop_at, cfg.train.steps)
     batches = itertools.islice(source.train_batches(state.step), max(last - state.step, 0))
     prefetch = ec.Prefetcher(
-        model.engine, batches, split=lambda b: ((b.dense, b.labels), model.features(b.sparse))
+        model.engine,
+        batches,
+        split=lambda b: ((b.dense, b.labels), *engine_inputs(model, b.sparse)),
     )
     bar = progress(cfg.train.progress, cfg.train.steps, state.step, cfg.data.batch_size, echo=echo)
     log = bar.write if bar is not None else echo
@@ -394,6 +402,7 @@ def _write_outputs(result: TrainResult, echo: Echo) -> None:
         "checkpoint": str(result.checkpoint),
         "skipped_rows": result.skipped_rows,
         "embedding_rows": embedding_rows(result.model),
+        "ids": id_mode(result.config),
     }
     write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
     write_atomic(out / "history.json", (json.dumps(result.history, indent=2) + "\n").encode())
