@@ -31,7 +31,7 @@ import embcore as ec
 from embcore._atomic import write_atomic
 from embcore.errors import UserError, reading
 from embcore.models import DLRM
-from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
+from embcore.train.config import Config, check_resources
 from embcore.train.metrics import auc, log_loss
 from embcore.train.model import (
     build_model,
@@ -42,6 +42,7 @@ from embcore.train.model import (
 )
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
+from embcore.train.resume import check_resumable
 from embcore.train.run_dir import RunDirectory
 from embcore.train.run_state import (
     checkpoint_path,
@@ -154,17 +155,13 @@ def _save(
     return path
 
 
-def _restore(cfg: Config, model: DLRM, optimizer: torch.optim.Optimizer, path: Path) -> RunState:
+def _restore(
+    cfg: Config, model: DLRM, optimizer: torch.optim.Optimizer, path: Path, echo: Echo
+) -> RunState:
     with reading(path, "an embcore training checkpoint"):
         tensors, meta = load_checkpoint(path)
         saved = Config.from_dict(meta["config"])
-    changed = [k for k in cfg.differences(saved) if k not in RESUMABLE_CHANGES]
-    if changed:
-        raise UserError(
-            f"--resume: the config differs from checkpoint {path} in {changed}; only "
-            f"{list(RESUMABLE_CHANGES)} may change when resuming (or start afresh without "
-            "--resume)"
-        )
+    check_resumable(cfg, saved, path, echo)
     if meta["step"] > cfg.train.steps:
         raise UserError(
             f"--resume: checkpoint {path} is at step {meta['step']}, past train.steps="
@@ -240,7 +237,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
     found = run_dir.open(echo)
     state = RunState()
     if found is not None:
-        state = _restore(cfg, model, optimizer, found)
+        state = _restore(cfg, model, optimizer, found, echo)
         echo(f"resuming from {found} (step {state.step:,})")
     resumed_from = state.step
 
@@ -309,7 +306,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         # What is on disk, not what this loop last heard of: Ctrl-C may land inside a save,
         # after its checkpoint was published.
         newest = latest_checkpoint(run_dir.checkpoints)
-        raise Interrupted(_interrupted(state.step, newest)) from None
+        raise Interrupted(_interrupted(state.step, newest, run_dir.kept_run())) from None
     finally:
         prefetch.close()
         if bar is not None:
@@ -368,15 +365,23 @@ def _since(tick: float) -> float:
     return time.perf_counter() - tick
 
 
-def _interrupted(step: int, checkpoint: Path | None) -> str:
-    if checkpoint is None:
+def _interrupted(step: int, checkpoint: Path | None, kept: Path | None) -> str:
+    """What Ctrl-C at ``step`` leaves: this run's newest checkpoint, or the earlier run an
+    ``--overwrite`` was replacing (``kept``), or nothing."""
+    if checkpoint is not None:
         return (
-            f"interrupted at step {step:,}, before the first checkpoint: nothing to resume; "
-            "run the same command again to start over"
+            f"interrupted at step {step:,}; the newest checkpoint is {checkpoint}: add --resume "
+            "to the same command to continue from it"
+        )
+    if kept is not None:
+        return (
+            f"interrupted at step {step:,}, before this run's first checkpoint; the earlier "
+            f"run it was replacing is kept in {kept.parent} (newest {kept.name}): add --resume "
+            "to continue that run, or run the same command again to start over"
         )
     return (
-        f"interrupted at step {step:,}; the newest checkpoint is {checkpoint}: add --resume "
-        "to the same command to continue from it"
+        f"interrupted at step {step:,}, before the first checkpoint: nothing to resume; "
+        "run the same command again to start over"
     )
 
 
