@@ -134,3 +134,49 @@ def test_dense_optimizer_arguments_are_checked() -> None:
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(torch.ones(()))
     with pytest.raises(NotImplementedError, match="RunConfig"):
         tf.estimator.tpu.TPUEstimator(lambda features: None, config={"model_dir": "x"})
+
+
+def test_a_model_fn_that_builds_its_train_op_in_every_mode_evaluates_and_predicts(
+    tmp_path,
+) -> None:
+    """TensorFlow builds ``train_op`` in EVAL and PREDICT too and never runs it; here
+    ``minimize`` gives ``None`` where gradients are off (evaluate, predict)."""
+    item = tf.feature_column.categorical_column_with_identity("item", num_buckets=6)
+    item_emb = tf.compat.v1.tpu.experimental.embedding_column(item, dimension=2)
+    head = nn.Linear(2, 1)
+    ops: dict[str, list] = {}
+
+    def model_fn(features, labels, mode, params):
+        logits = params["head"](tf.compat.v1.feature_column.input_layer(features, [item_emb]))
+        logits = logits.squeeze(1)
+        loss = (
+            logits.sum() * 0 if labels is None
+            else nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        )  # fmt: skip
+        train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)  # every mode
+        ops.setdefault(mode, []).append(train_op)
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+            mode, loss=loss, train_op=train_op, predictions=torch.sigmoid(logits)
+        )
+
+    parameters = tf.compat.v1.tpu.experimental.AdagradParameters(0.1)
+    estimator = tf.compat.v1.estimator.tpu.TPUEstimator(
+        model_fn=model_fn, model_dir=str(tmp_path), train_batch_size=4, eval_batch_size=4,
+        predict_batch_size=4, params={"head": head},
+        embedding_config_spec=tf.compat.v1.estimator.tpu.experimental.EmbeddingConfigSpec(
+            feature_columns=[item_emb], optimization_parameters=parameters))  # fmt: skip
+    ids, labels = torch.tensor([0, 1, 2, 3]), torch.tensor([1.0, 0.0, 1.0, 0.0])
+    estimator.train(lambda params: [({"item": ids}, labels)] * 2)
+    metrics = estimator.evaluate(lambda params: [({"item": ids}, labels)])
+    # the loss of the trained model, computed here from its tables and head directly
+    table = next(iter(estimator.embedding_lookup.engine.embedding_tables.values()))
+    with torch.no_grad():
+        logits = head(table[ids]).squeeze(1)
+        want = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    assert metrics["loss"] == pytest.approx(float(want), rel=1e-6)
+    predictions = list(estimator.predict(lambda params: [{"item": ids}]))
+    np.testing.assert_allclose(
+        [float(p) for p in predictions], torch.sigmoid(logits).numpy(), rtol=1e-6
+    )
+    assert isinstance(ops["train"][0], torch.optim.Adagrad)
+    assert ops["eval"] == [None] and ops["infer"] == [None]
