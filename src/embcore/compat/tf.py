@@ -9,7 +9,8 @@ raises :class:`~embcore.compat.namespace.NotProvidedError` saying what to use in
 * ``tf.tpu.experimental.{embedding_column, shared_embedding_columns, AdagradParameters,
   AdamParameters, FtrlParameters, StochasticGradientDescentParameters}``, and the same under
   ``tf.compat.v1.tpu.experimental``
-* ``tf.feature_column.{input_layer, numeric_column, embedding_column, categorical_column_with_*,
+* ``tf.feature_column.{input_layer, numeric_column, bucketized_column, crossed_column,
+  indicator_column, embedding_column, categorical_column_with_*,
   sequence_categorical_column_with_*, weighted_categorical_column, shared_embedding_columns}``
   (also under ``tf.compat.v1.feature_column``)
 * ``tf.keras.layers.DenseFeatures`` (also ``DenseFeature``)
@@ -108,6 +109,9 @@ def _feature_column(path: str) -> Namespace:
         path,
         input_layer=_tpu.input_layer,
         numeric_column=_fc.numeric_column,
+        bucketized_column=_fc.bucketized_column,
+        crossed_column=_fc.crossed_column,
+        indicator_column=_fc.indicator_column,
         embedding_column=_fc.embedding_column,
         shared_embedding_columns=_fc.shared_embedding_columns,
         categorical_column_with_identity=_fc.categorical_column_with_identity,
