@@ -14,7 +14,8 @@ raises :class:`~embcore.compat.namespace.NotProvidedError` saying what to use in
   sequence_categorical_column_with_*, weighted_categorical_column, shared_embedding_columns}``
   (also under ``tf.compat.v1.feature_column``)
 * ``tf.keras.layers.DenseFeatures`` (also ``DenseFeature``)
-* ``tf.estimator.{ModeKeys, EstimatorSpec, RunConfig}``, ``tf.estimator.tpu.{TPUEstimator,
+* ``tf.estimator.{Estimator, ModeKeys, EstimatorSpec, RunConfig}`` (``Estimator`` is
+  :class:`~embcore.compat.tpu.PortedEstimator`), ``tf.estimator.tpu.{TPUEstimator,
   TPUEstimatorSpec, RunConfig, TPUConfig}``, ``tf.estimator.tpu.experimental.
   EmbeddingConfigSpec``, and the same under ``tf.compat.v1.estimator``
 * dense optimizers (``embcore.compat.dense``): ``tf.compat.v1.train.{GradientDescentOptimizer,
@@ -57,9 +58,13 @@ __all__ = [
     "function",
     "int32",
     "int64",
+    "io",
     "keras",
+    "layers",
+    "losses",
     "nn",
     "range",
+    "sparse",
     "string",
     "tpu",
     "train",
@@ -143,6 +148,7 @@ def _estimator(path: str) -> Namespace:
     return Namespace(
         path,
         ModeKeys=ModeKeys,
+        Estimator=_tpu.PortedEstimator,
         EstimatorSpec=_tpu.estimator_spec,
         RunConfig=_tpu.RunConfig,
         tpu=Namespace(
@@ -191,6 +197,11 @@ distribute = Namespace(
 )
 train = _train("tf.train", Checkpoint=_rt.Checkpoint)
 nn = Namespace("tf.nn", embedding_lookup=_rt.embedding_lookup)
+# Namespaces that hold nothing, so that a name inside them says what to use instead.
+sparse = Namespace("tf.sparse")
+io = Namespace("tf.io")
+losses = Namespace("tf.losses")
+layers = Namespace("tf.layers")
 compat = Namespace(
     "tf.compat",
     v1=Namespace(
@@ -203,6 +214,8 @@ compat = Namespace(
         feature_column=_feature_column("tf.compat.v1.feature_column"),
         estimator=_estimator("tf.compat.v1.estimator"),
         train=_train("tf.compat.v1.train"),
+        layers=Namespace("tf.compat.v1.layers"),
+        losses=Namespace("tf.compat.v1.losses"),
         float32=float32,
         int64=int64,
         string=string,
