@@ -3,7 +3,8 @@
 ``tf.keras.layers.Dense`` is not part of embcore: asking for it raises
 :class:`NotProvidedError` (an ``AttributeError``) whose message names the full path, says that
 embcore does not provide it and what to use instead, rather than Python's generic "object has
-no attribute" (docs/differences.md lists what ``embcore.compat.tf`` covers).
+no attribute" (docs/estimator.md, "Porting TPUEstimator code", lists what
+``embcore.compat.tf`` covers).
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def not_provided(path: str) -> NotProvidedError:
     """The error for a TensorFlow name embcore does not provide."""
     return NotProvidedError(
         f"{path} is not provided by embcore (embcore.compat.tf covers TensorFlow's TPU "
-        f"embedding, feature-column and Estimator API; see docs/differences.md): {_hint(path)}"
+        f'embedding, feature-column and Estimator API; see docs/estimator.md, "Porting '
+        f'TPUEstimator code"): {_hint(path)}'
     )
 
 
