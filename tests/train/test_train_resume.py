@@ -133,3 +133,46 @@ def test_ctrl_c_before_the_first_checkpoint_of_a_fresh_run_has_nothing_to_resume
     monkeypatch.setattr(loop, "dense_lr", _ctrl_c_at(2))
     with pytest.raises(Interrupted, match="before the first checkpoint: nothing to resume"):
         train(tiny, echo=_quiet)
+
+
+def _ctrl_c(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_setting_up_says_nothing_was_written(
+    tiny: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop, "build_source", _ctrl_c)  # reading the data
+    with pytest.raises(Interrupted, match="before the first step; nothing was written"):
+        train(tiny, echo=_quiet)
+    assert not Path(tiny.train.out_dir).exists()
+
+
+def test_ctrl_c_while_an_overwrite_sets_up_keeps_the_earlier_run(
+    tiny: Config, monkeypatch: pytest.MonkeyPatch, whole: TrainResult
+) -> None:
+    out = Path(tiny.train.out_dir)
+    train(tiny, stop_at=8, echo=_quiet)
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "progress", _ctrl_c)  # after the earlier run was set aside
+        with pytest.raises(Interrupted) as info:
+            train(tiny, overwrite=True, echo=_quiet)
+    assert f"before the first step, before this run's first checkpoint; the earlier run it " \
+        f"was replacing is kept in {out / 'checkpoints.replaced'}" in str(info.value)  # fmt: skip
+    resumed = train(tiny, resume=True, echo=_quiet)
+    assert resumed.resumed_from == 8
+    _same_run(resumed, whole)
+
+
+def test_the_command_line_prints_the_interruption(
+    tiny_sets: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from embcore.cli.main import main
+
+    monkeypatch.setattr(loop, "build_source", _ctrl_c)
+    args = ["train", "--set", f"train.out_dir={tmp_path / 'run'}"]
+    for s in tiny_sets:
+        args += ["--set", s]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("embcore train: interrupted before the first step; nothing was written")

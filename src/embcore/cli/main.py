@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"embcore {args.command}: error: {where}{error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # Ctrl-C; embcore.train.loop.Interrupted says more
-        print(f"embcore {args.command}: {error or 'interrupted'}", file=sys.stderr)
+        print(f"embcore {args.command}: {str(error) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

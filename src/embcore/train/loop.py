@@ -206,15 +206,16 @@ def train(
         torch.set_num_threads(config.train.threads)
     # The run's global RNG starts from train.seed (torch seeds each process at random) and is
     # saved in checkpoints; the caller's RNG state is left as it was.
+    run_dir = RunDirectory(config.train.out_dir, resume=resume, overwrite=overwrite)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.train.seed)
-            return _train(
-                config,
-                RunDirectory(config.train.out_dir, resume=resume, overwrite=overwrite),
-                stop_at,
-                echo,
-            )
+            return _train(config, run_dir, stop_at, echo)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # Ctrl-C while setting up (reading data, building the model)
+        newest = latest_checkpoint(run_dir.checkpoints)
+        raise Interrupted(_interrupted(None, newest, run_dir.kept_run())) from None
     finally:
         torch.set_num_threads(threads)
 
@@ -365,22 +366,25 @@ def _since(tick: float) -> float:
     return time.perf_counter() - tick
 
 
-def _interrupted(step: int, checkpoint: Path | None, kept: Path | None) -> str:
-    """What Ctrl-C at ``step`` leaves: this run's newest checkpoint, or the earlier run an
-    ``--overwrite`` was replacing (``kept``), or nothing."""
-    if checkpoint is not None:
-        return (
-            f"interrupted at step {step:,}; the newest checkpoint is {checkpoint}: add --resume "
-            "to the same command to continue from it"
-        )
+def _interrupted(step: int | None, checkpoint: Path | None, kept: Path | None) -> str:
+    """What Ctrl-C at ``step`` (``None``: before the first step) leaves: this run's newest
+    checkpoint, or the earlier run an ``--overwrite`` was replacing (``kept``), or nothing."""
+    at = "before the first step" if step is None else f"at step {step:,}"
     if kept is not None:
         return (
-            f"interrupted at step {step:,}, before this run's first checkpoint; the earlier "
-            f"run it was replacing is kept in {kept.parent} (newest {kept.name}): add --resume "
-            "to continue that run, or run the same command again to start over"
+            f"interrupted {at}, before this run's first checkpoint; the earlier run it was "
+            f"replacing is kept in {kept.parent} (newest {kept.name}): add --resume to "
+            "continue that run, or run the same command again to start over"
         )
+    if checkpoint is not None:
+        return (
+            f"interrupted {at}; the newest checkpoint is {checkpoint}: add --resume to the "
+            "same command to continue from it"
+        )
+    if step is None:
+        return f"interrupted {at}; nothing was written: run the same command again to start"
     return (
-        f"interrupted at step {step:,}, before the first checkpoint: nothing to resume; "
+        f"interrupted {at}, before the first checkpoint: nothing to resume; "
         "run the same command again to start over"
     )
 
