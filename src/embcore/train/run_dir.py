@@ -67,8 +67,8 @@ class RunDirectory:
             what = f"{len(list_checkpoints(self.checkpoints))} checkpoint(s), the newest {found}"
         elif (kept := self.kept_run()) is not None:
             what = (
-                f"the run an interrupted --overwrite was replacing (its newest checkpoint "
-                f"{kept}, kept in {self.replaced})"
+                f"the run an interrupted --overwrite was replacing (kept in {self.replaced}, "
+                f"newest {kept.name})"
             )
         else:
             first = next(p for p in sorted(self.root.rglob("*")) if p.is_file())
