@@ -75,6 +75,6 @@ def test_a_dynamic_bundle_serves_from_its_program(tmp_path: Path, capsys) -> Non
         want = torch.cat([model(b.dense, b.sparse) for b in batches]).numpy()
     np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), want)
     capsys.readouterr()
-    assert main(["predict", "--bundle", str(out), "--format", "safetensors"]) == 2
+    assert main(["predict", "--bundle", str(out)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "serve this bundle from its program, --format pt2" in err

@@ -25,10 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format",
         choices=("safetensors", "pt2", "aoti"),
-        default=None,
-        help="safetensors; pt2: also model.pt2; aoti: also model.aoti.pt2 (default: "
-        "safetensors, or pt2 for a run with dynamic tables, whose bundle serves from its "
-        "program only)",
+        default="safetensors",
+        help="safetensors (default); pt2: also model.pt2; aoti: also model.aoti.pt2",
     )
     parser.set_defaults(func=run)
 
@@ -50,13 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {target}: is a file, expected a directory for the bundle")
     with reading(checkpoint, "a checkpoint written by embcore train"):
         model, config, extra = checkpoint_model(checkpoint)
-    fmt = args.format
-    if fmt is None:
-        fmt = "pt2" if any(t.dynamic for t in model.engine.tables) else "safetensors"
-        if fmt == "pt2":
-            print("the run's tables are dynamic: exporting --format pt2 (their bundle serves "
-                  "from model.pt2; the safetensors form cannot hold them)")  # fmt: skip
-    out = export_bundle(model, config, target, extra, fmt)
+    out = export_bundle(model, config, target, extra, args.format)
     files = ", ".join(p.name for p in sorted(out.iterdir()))
     print(f"exported {checkpoint} -> {out}/ ({files})")
     manifest = json.loads((out / "config.json").read_text())

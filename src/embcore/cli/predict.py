@@ -41,10 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format",
         choices=("safetensors", "pt2", "aoti"),
-        default=None,
-        help="serve from the safetensors files, model.pt2 (the torch.export program) or "
-        "model.aoti.pt2 (its AOTInductor build); the scores are the same (default: "
-        "safetensors, or pt2 for a bundle of dynamic tables)",
+        default="safetensors",
+        help="serve from the safetensors files (default), model.pt2 (the torch.export "
+        "program) or model.aoti.pt2 (its AOTInductor build); the scores are the same",
     )
     parser.set_defaults(func=run)
 
@@ -101,19 +100,6 @@ def _write(path: str, report: PredictReport) -> None:
     write_atomic(target, scores)
 
 
-def _default_format(root: Path) -> str:
-    """``pt2`` for a bundle of dynamic tables (they serve from the program only), else
-    ``safetensors``; an unreadable bundle is left to :func:`_check_bundle_files` to name."""
-    import json
-
-    try:
-        tables = json.loads((root / "config.json").read_text()).get("tables", {})
-        dynamic = any(t.get("vocabulary_size", 0) is None for t in tables.values())
-    except (OSError, ValueError, AttributeError):
-        return "safetensors"
-    return "pt2" if dynamic else "safetensors"
-
-
 def _check_bundle_files(root: Path, fmt: str) -> None:
     """Read each file of a bundle that ``fmt`` uses once, so that a damaged one is named in
     the error."""
@@ -163,8 +149,6 @@ def run(args: argparse.Namespace) -> int:
     if args.input and not Path(args.input).is_file():
         what = "is a directory" if Path(args.input).is_dir() else "no such file"
         raise UserError(f"--input {args.input}: {what}")
-    if args.format is None:
-        args.format = _default_format(Path(args.bundle))
     _check_bundle_files(Path(args.bundle), args.format)
     with reading(args.bundle, "a serving bundle written by embcore export"):
         serving = load_bundle(args.bundle, args.format)
