@@ -178,7 +178,7 @@ class LocalStore(nn.Module):
     ) -> list[list[Tensor]]:
         if self.dynamic and training:  # room in every table before any table changes
             for t, rows in self.dynamic.items():
-                rows.reserve(sum(b.values.numel() for b in features[t]))
+                rows.reserve(features[t])
         if self.dynamic:
             features = [
                 self.dynamic[t].map(b, training) if t in self.dynamic else b

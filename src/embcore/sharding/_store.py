@@ -27,7 +27,7 @@ from embcore import ops
 from embcore._fingerprint import fingerprint64
 from embcore.engine._store import Chunks, StoreConfig, stored_names
 from embcore.inputs import FeatureBatch
-from embcore.sharding.comm import Comm
+from embcore.sharding.comm import STEP_KINDS, Comm, Exchange, OutOfStepError
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
 from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load
@@ -108,6 +108,9 @@ class ShardedStore:
         self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self.tables]
         self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
         self._dynamic = [s for s in self._sharded if isinstance(s, KeyHash)]
+        # every exchange carries (kind, number, phase) of its step: ranks out of step fail
+        self._steps = [0] * len(STEP_KINDS)
+        self._tag = (0, 0, 0)
 
     def _check_everyone_agrees(self, plan: ShardingPlan, seed: int) -> None:
         described = repr(
@@ -165,6 +168,19 @@ class ShardedStore:
     def _run(self, ex: Any) -> Any:
         return ex.run() if self._exchanges else ex.run_local()
 
+    def _begin(self, kind: str) -> None:
+        """Start a step of ``kind`` (``"lookup"``, ``"update"``, ``"gather"``): its exchanges
+        carry the kind, the step's number and their phase (:class:`OutOfStepError`)."""
+        k = STEP_KINDS.index(kind)
+        self._steps[k] += 1
+        self._tag = (k, self._steps[k], -1)
+
+    def _exchange(self) -> Exchange:
+        """The step's next exchange, tagged."""
+        kind, number, phase = self._tag
+        self._tag = (kind, number, phase + 1)
+        return self._comm.exchange(self._tag)
+
     # ------------------------------------------------------------------------- the step
     def lookup(
         self,
@@ -174,13 +190,14 @@ class ShardedStore:
     ) -> list[list[Tensor]]:
         """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase.
         ``training``: a training lookup (dynamic tables count, admit and insert keys)."""
-        ex = self._comm.exchange()
+        self._begin("lookup")
+        ex = self._exchange()
         ctxs = [
             s.input_dist(list(b), ex, training) if s.dynamic else s.input_dist(list(b), ex)
             for s, b in zip(self._sharded, features, strict=True)
         ]
         inbox = self._run(ex)
-        ex = self._comm.exchange()
+        ex = self._exchange()
         for s, ctx in zip(self._sharded, ctxs, strict=True):
             s.lookup(inbox, ex, ctx)
         inbox.check_empty()
@@ -189,7 +206,7 @@ class ShardedStore:
             isinstance(s, KeyHash) and s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)
         ]
         if any(late):  # owners of tables with a user initializer reply one phase later
-            ex = self._comm.exchange()
+            ex = self._exchange()
             per_table: list[Any] = [None] * len(ctxs)
             for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):  # table order
                 if late[i]:
@@ -219,7 +236,8 @@ class ShardedStore:
         step: int,
     ) -> None:
         """Backward: grad_dist -> per-row sums -> one ops.update over every local shard."""
-        ex, reducer = self._comm.exchange(), self._comm.reducer()
+        self._begin("update")
+        ex, reducer = self._exchange(), self._comm.reducer()
         ctxs = [
             s.grad_dist(list(b), list(g), ex, reducer)
             for s, b, g in zip(self._sharded, features, grads, strict=True)
@@ -244,22 +262,35 @@ class ShardedStore:
     def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
         """A bad gradient on one rank stops every rank, before any collective of the update
         (no rank is left waiting in one)."""
-        flags = self._comm.all_gather_ints([int(error is not None), int(non_finite)])
+        lookups, updates = self._steps[1], self._steps[2]
+        flags = self._comm.all_gather_ints(
+            [int(error is not None), int(non_finite), lookups, updates]
+        )
+        if any(f[2:] != [lookups, updates] for f in flags):
+            where = "; ".join(
+                f"rank {r} after lookup #{f[2]} and update #{f[3]}" for r, f in enumerate(flags)
+            )
+            raise OutOfStepError(
+                f"embcore.sharding: the ranks are out of step: {where}. A rank left a step "
+                "half-way (it caught an error and went on); every rank must make the same "
+                "engine calls. End every rank and resume from the last checkpoint."
+            )
         if error is not None:
             raise error
-        invalid = [r for r, (bad, _) in enumerate(flags) if bad]
+        invalid = [r for r, (bad, *_) in enumerate(flags) if bad]
         if invalid:
             raise RuntimeError(
                 f"EmbeddingEngine: the gradients on rank(s) {invalid} were invalid (see the "
                 "error there); no rank updated its tables"
             )
-        return [r for r, (_, bad) in enumerate(flags) if bad]
+        return [r for r, (_, bad, *_) in enumerate(flags) if bad]
 
     # ---------------------------------------------------------------- whole tensors
     def gather(self, items: Sequence[tuple[int, str]]) -> list[Tensor]:
         """Full logical tensors, every rank's pieces in one exchange (a collective). Copies:
         writing to them changes nothing."""
-        ex = self._comm.exchange()
+        self._begin("gather")
+        ex = self._exchange()
         for t, name in items:
             self._sharded[t].gather_send(name, ex)
         inbox = self._run(ex)
@@ -301,7 +332,8 @@ class ShardedStore:
         """``(R,) int64``: the keys of dynamic table ``table`` holding a row on any rank,
         ascending (a collective)."""
         s = self._key_hash(table)
-        ex = self._comm.exchange()
+        self._begin("gather")
+        ex = self._exchange()
         s.keys_send(ex)
         inbox = self._run(ex)
         out = s.keys_take(inbox)
@@ -312,10 +344,11 @@ class ShardedStore:
         """``(K, dim) float32``: the rows of this rank's ``keys`` in dynamic table ``table``,
         zeros for keys without one (a collective; reads only, never inserts)."""
         s = self._key_hash(table)
-        ex = self._comm.exchange()
+        self._begin("gather")
+        ex = self._exchange()
         ctx = s.rows_send(keys, ex)
         inbox = self._run(ex)
-        ex = self._comm.exchange()
+        ex = self._exchange()
         s.rows_serve(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)

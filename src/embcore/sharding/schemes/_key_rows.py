@@ -85,7 +85,8 @@ class KeyRows:
             IndexMemoryError: no memory for the new rows; nothing was changed.
         """
         k, m = keys.cpu().numpy(), mult.cpu().numpy()
-        self._grow(self.keyspace.num_rows + k.size)  # before any change of state
+        space = self.keyspace  # rows for the keys without one (before any change of state)
+        self._grow(space.num_rows + max(0, space.count_new(k) - space.num_free))
         admitted = self.keyspace.train(np.repeat(k, m))
         self.new = (admitted.new_keys, admitted.new_rows)
         if not defer:
