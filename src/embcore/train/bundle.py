@@ -109,11 +109,11 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None,
     }
     for name, tensors in (("tables", tables), ("dense", dense)):
         save_file(tensors, out / f"{name}.safetensors", metadata={"format": _FORMAT})
-        os.chmod(out / f"{name}.safetensors", 0o644)  # safetensors writes 0600; bundles are shared
+        os.chmod(out / f"{name}.safetensors", _atomic.file_mode())  # safetensors writes 0600
     seconds = write_programs(model, out, fmt)
     programs = {f: name for f, name in PROGRAM_FILES.items() if (out / name).is_file()}
     for name in programs.values():
-        os.chmod(out / name, 0o644)
+        os.chmod(out / name, _atomic.file_mode())
     files = {name: sha256_file(out / name) for name in (*_TENSOR_FILES, *programs.values())}
     inputs = input_contract(config, {t.name: t.vocabulary_size for t in engine.tables})
     sparse = inputs["sparse"]

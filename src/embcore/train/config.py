@@ -27,6 +27,8 @@ from typing import Any
 from embcore.errors import UserError, reading
 
 __all__ = [
+    "LOCATION_ONLY",
+    "RESUMABLE_CHANGES",
     "Config",
     "DataConfig",
     "ModelConfig",
@@ -302,6 +304,11 @@ RESUMABLE_CHANGES = (
     "train.keep_checkpoints",
     "train.threads",
 )
+
+#: Keys that say where a run's files are, not what the run computes: a run resumed from another
+#: working directory, moved to another disk or copied to branch from it is the same run. A
+#: changed data path is trusted to hold the same rows (the resumed run says so).
+LOCATION_ONLY = ("train.out_dir", "data.path", "data.eval_path")
 
 
 @dataclass(frozen=True, kw_only=True)
