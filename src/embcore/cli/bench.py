@@ -86,8 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--mainjob",
         action="store_true",
         help="run only the main job (embcore train's default DLRM) against the same model in "
-        "plain PyTorch, eager and through torch.compile; writes mainjob.json and mainjob.md to "
-        "--out and, without --set, BENCHMARKS.md's main-job section",
+        "plain PyTorch, eager and through torch.compile, and TorchRec's own DLRM (eager, where "
+        "torchrec is installed); writes mainjob.json and mainjob.md to --out and, without "
+        "--set, BENCHMARKS.md's main-job section",
     )
     p.add_argument(
         "--no-compile",
