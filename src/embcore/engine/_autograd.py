@@ -19,6 +19,7 @@ __all__ = ["LookupWithUpdate", "StackedLookupWithUpdate"]
 
 def _apply_once(ctx: Any, grads: list[Tensor | None]) -> None:
     """Check one gradient per feature (``None``: zeros) and run the engine's update."""
+    _refuse_twice(ctx)
     engine: Any = ctx.engine
     shaped = [
         g if g is None else g.reshape(*b.output_shape, engine._tables[f.table].dim)
@@ -28,16 +29,20 @@ def _apply_once(ctx: Any, grads: list[Tensor | None]) -> None:
     _update_once(ctx, checked, error)
 
 
-def _update_once(
-    ctx: Any, checked: list[Tensor], error: Exception | None, whole: Tensor | None = None
-) -> None:
-    """The engine's update with checked ``(S_f, dim) float32`` gradients (``whole``: one
-    tensor holding them all, for a single finiteness pass), once per lookup."""
+def _refuse_twice(ctx: Any) -> None:
     if ctx.applied:
         raise RuntimeError(
             "EmbeddingEngine: backward ran twice through one lookup; its update was already "
             "applied (do not retain_graph through the engine)"
         )
+
+
+def _update_once(
+    ctx: Any, checked: list[Tensor], error: Exception | None, whole: Tensor | None = None
+) -> None:
+    """The engine's update with checked ``(S_f, dim) float32`` gradients (``whole``: one
+    tensor holding them all, for a single finiteness pass), once per lookup."""
+    _refuse_twice(ctx)
     ctx.engine._update(ctx.batches, checked, error, whole)
     ctx.applied = True
     ctx.engine = ctx.batches = None  # the node may outlive this step: let the engine go
