@@ -7,6 +7,7 @@ The stand-in below has the methods embcore reads, laid out as TorchRec documents
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import numpy as np
 import pytest
@@ -32,7 +33,9 @@ def _kjt(kind: str, weighted: bool):
     weights = torch.tensor(_flat(WEIGHTS), dtype=torch.float32) if weighted else None
     if kind == "stand-in":
         return StandInKJT(KEYS, values, lengths, weights)
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    with warnings.catch_warnings():  # fbgemm_gpu, under torchrec, warns of its optional parts
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     return KeyedJaggedTensor(keys=KEYS, values=values, lengths=lengths, weights=weights)
 
