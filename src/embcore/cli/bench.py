@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=[
             "embcore_engine",
+            "embcore_prepared",
             "embcore_dict",
             "embcore_pipelined",
             "plain_torch",
