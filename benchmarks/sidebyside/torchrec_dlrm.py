@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +31,11 @@ NAME = "TorchRec DLRM"
 
 def unavailable() -> str | None:
     try:
-        import fbgemm_gpu.split_table_batched_embeddings_ops_training  # noqa: F401
-        import torchrec.models.dlrm
-        import torchrec.modules.fused_embedding_modules  # noqa: F401
+        with warnings.catch_warnings():  # fbgemm_gpu warns of its own optional parts
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import fbgemm_gpu.split_table_batched_embeddings_ops_training  # noqa: F401
+            import torchrec.models.dlrm
+            import torchrec.modules.fused_embedding_modules  # noqa: F401
     except Exception as exc:  # ImportError, or an OSError/RuntimeError from a bad build
         return f"torchrec does not import ({type(exc).__name__}: {exc})".splitlines()[0]
     return None
