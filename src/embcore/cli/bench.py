@@ -69,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=[
             "embcore_engine",
+            "embcore_prepared",
             "embcore_dict",
             "embcore_pipelined",
             "plain_torch",
@@ -102,8 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--mainjob",
         action="store_true",
         help="run only the main job (embcore train's default DLRM) against the same model in "
-        "plain PyTorch, eager and through torch.compile; writes mainjob.json and mainjob.md to "
-        "--out (and with --write-benchmarks, without --set, BENCHMARKS.md's main-job section)",
+        "plain PyTorch, eager and through torch.compile, and TorchRec's own DLRM (eager, where "
+        "torchrec is installed); writes mainjob.json and mainjob.md to --out (and with "
+        "--write-benchmarks, without --set, BENCHMARKS.md's main-job section)",
     )
     p.add_argument(
         "--no-compile",

@@ -17,21 +17,33 @@ from torch import Tensor
 __all__ = ["LookupWithUpdate", "StackedLookupWithUpdate"]
 
 
-def _apply_once(ctx: Any, grads: list[Tensor | None], whole: Tensor | None = None) -> None:
-    """Check one gradient per feature (``None``: zeros) and run the engine's update
-    (``whole``: one tensor holding them all, for a single finiteness pass)."""
-    if ctx.applied:
-        raise RuntimeError(
-            "EmbeddingEngine: backward ran twice through one lookup; its update was already "
-            "applied (do not retain_graph through the engine)"
-        )
+def _apply_once(ctx: Any, grads: list[Tensor | None]) -> None:
+    """Check one gradient per feature (``None``: zeros) and run the engine's update."""
+    _refuse_twice(ctx)
     engine: Any = ctx.engine
     shaped = [
         g if g is None else g.reshape(*b.output_shape, engine._tables[f.table].dim)
         for f, b, g in zip(engine._features, ctx.batches, grads, strict=True)
     ]
     checked, error = engine._check(ctx.batches, shaped)
-    engine._update(ctx.batches, checked, error, whole)
+    _update_once(ctx, checked, error)
+
+
+def _refuse_twice(ctx: Any) -> None:
+    if ctx.applied:
+        raise RuntimeError(
+            "EmbeddingEngine: backward ran twice through one lookup; its update was already "
+            "applied (do not retain_graph through the engine)"
+        )
+
+
+def _update_once(
+    ctx: Any, checked: list[Tensor], error: Exception | None, whole: Tensor | None = None
+) -> None:
+    """The engine's update with checked ``(S_f, dim) float32`` gradients (``whole``: one
+    tensor holding them all, for a single finiteness pass), once per lookup."""
+    _refuse_twice(ctx)
+    ctx.engine._update(ctx.batches, checked, error, whole)
     ctx.applied = True
     ctx.engine = ctx.batches = None  # the node may outlive this step: let the engine go
 
@@ -68,8 +80,10 @@ class StackedLookupWithUpdate(torch.autograd.Function):
         if grad is None:
             _apply_once(ctx, [None] * len(ctx.batches))
             return None, None, None, None
+        # autograd gave the output's shape and device: the gradient is checked once, whole,
+        # rather than feature by feature (every feature's slice is (S, dim) of it)
         grad = grad.detach().to(torch.float32)
         flat = grad.reshape(-1, grad.shape[-2], grad.shape[-1])  # (S, F, dim)
         whole = flat if flat.is_contiguous() else None
-        _apply_once(ctx, [flat[:, f, :] for f in range(flat.shape[1])], whole)
+        _update_once(ctx, list(flat.unbind(1)), None, whole)
         return None, None, None, None
