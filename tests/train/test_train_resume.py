@@ -142,7 +142,7 @@ def _ctrl_c(*args: object, **kwargs: object) -> None:
 def test_ctrl_c_while_setting_up_says_nothing_was_written(
     tiny: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(loop, "build_source", _ctrl_c)  # reading the data
+    monkeypatch.setattr(loop, "run_source", _ctrl_c)  # reading the data
     with pytest.raises(Interrupted, match="before the first step; nothing was written"):
         train(tiny, echo=_quiet)
     assert not Path(tiny.train.out_dir).exists()
@@ -169,7 +169,7 @@ def test_the_command_line_prints_the_interruption(
 ) -> None:
     from embcore.cli.main import main
 
-    monkeypatch.setattr(loop, "build_source", _ctrl_c)
+    monkeypatch.setattr(loop, "run_source", _ctrl_c)
     args = ["train", "--set", f"train.out_dir={tmp_path / 'run'}"]
     for s in tiny_sets:
         args += ["--set", s]
