@@ -23,6 +23,7 @@ from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.ops import Backend
 from embcore.optimizers.base import Optimizer
+from embcore.rows import Chunks, StoredTensor, stored_names
 
 if TYPE_CHECKING:
     from embcore.sharding.comm import Comm
@@ -41,9 +42,6 @@ __all__ = [
     "make_store",
     "stored_names",
 ]
-
-#: ``(offsets, tensor)`` boxes of a logical tensor: ``tensor`` sits at ``offsets`` in it.
-Chunks = list[tuple[tuple[int, ...], Tensor]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,39 +97,6 @@ def check_storage_dtype(value: Any, backend: Backend) -> torch.dtype:
             "on the CPU and reference backends"
         )
     return value
-
-
-def stored_names(table: ResolvedTable) -> list[str]:
-    """``weight`` and the table's optimizer slots, in checkpoint order."""
-    opt = table.optimizer
-    return ["weight"] + ([s.name for s in opt.slot_specs()] if opt else [])
-
-
-class StoredTensor(Protocol):
-    """One logical tensor of a store, as a checkpoint sees it.
-
-    ``key`` is the state-dict key (``{table}.weight``, ``{table}.{slot}``), ``shape`` the
-    logical shape (the whole table's), ``dtype`` how it is stored. A local tensor is one chunk
-    at offset 0; a sharded one is the boxes this rank holds.
-    """
-
-    key: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    def chunks(self) -> Chunks:
-        """The boxes this rank writes; together the ranks' boxes cover the tensor once (a
-        whole tensor that every rank holds alike may be offered by each: it is written once).
-        May communicate: every rank calls it, for every tensor, in the same order."""
-        ...
-
-    def load_chunks(self) -> Chunks:
-        """The boxes a load fills on this rank (may communicate, like :meth:`chunks`)."""
-        ...
-
-    def finish_load(self, chunks: Chunks) -> None:
-        """Move the boxes :meth:`load_chunks` returned, now filled, into place."""
-        ...
 
 
 class CounterTensor:

@@ -22,10 +22,10 @@ from torch import Tensor
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
+from embcore.rows._piece import Piece, initial_piece
 from embcore.sharding._wire import F32
 from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
 from embcore.sharding.schemes._cost import Cost, PlannedTable
-from embcore.sharding.schemes._piece import Piece, initial_piece
 
 __all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "is_dynamic", "served_by"]
 
