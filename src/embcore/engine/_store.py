@@ -23,7 +23,7 @@ from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.ops import Backend
 from embcore.optimizers.base import Optimizer
-from embcore.rows import Chunks, StoredTensor, stored_names
+from embcore.rows import Chunks, Records, StoredTensor, stored_names
 
 if TYPE_CHECKING:
     from embcore.sharding.comm import Comm
@@ -193,8 +193,43 @@ class TableStore(Protocol):
         """The logical shape of a table's ``weight`` or slot."""
         ...
 
+    def records(self, table: int) -> Records:
+        """How table ``table`` is persisted, as its row storage says (``"tensors"``: by
+        :meth:`tensors` and :meth:`gather` / :meth:`load_full`; ``"keyed"``: by
+        :meth:`dynamic_state` / :meth:`load_dynamic_state`)."""
+        ...
+
+    def flush_before_training_lookup(self) -> bool:
+        """Whether a pipelined update must be applied before the next training lookup (a
+        row storage's step end may evict rows the lookup would map to)."""
+        ...
+
     def tensors(self) -> list[StoredTensor]:
-        """Every stored tensor, in checkpoint order (no communication)."""
+        """Every ``"tensors"``-records table's stored tensors, in checkpoint order (no
+        communication)."""
+        ...
+
+    def table_keys(self, table: int) -> Tensor:
+        """``(R,) int64`` ascending: the keys holding a row in keyed table ``table`` (on any
+        rank: a collective for a sharded store)."""
+        ...
+
+    def table_rows(self, table: int, keys: Tensor) -> Tensor:
+        """``(N, dim) float32`` rows of ``keys: (N,) int64`` in keyed table ``table``, zeros
+        without a row; inserts, counts and refreshes nothing."""
+        ...
+
+    def table_info(self, table: int) -> dict[str, int]:
+        """Keyed table ``table``'s counters (``EmbeddingEngine.table_info``)."""
+        ...
+
+    def dynamic_state(self, table: int) -> dict[str, Any]:
+        """Keyed table ``table``'s whole content (:meth:`embcore.rows.RowStore.content`),
+        every rank's keys for a sharded store."""
+        ...
+
+    def load_dynamic_state(self, table: int, state: dict[str, Any]) -> None:
+        """Replace keyed table ``table``'s content with a :meth:`dynamic_state`."""
         ...
 
     def stats_tables(self) -> list[StatsTable]:

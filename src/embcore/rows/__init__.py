@@ -23,7 +23,7 @@ from embcore.rows._contract import (
     StoredTensor,
     stored_names,
 )
-from embcore.rows._registry import ROWS, kind_of, make_rows, register
+from embcore.rows._registry import ROWS, kind_of, make_rows, register, row_class
 
 __all__ = [
     "ROWS",
@@ -35,5 +35,6 @@ __all__ = [
     "kind_of",
     "make_rows",
     "register",
+    "row_class",
     "stored_names",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 from embcore.config import ResolvedTable
 from embcore.rows._contract import RowEnv, RowStore
 
-__all__ = ["ROWS", "kind_of", "make_rows", "register"]
+__all__ = ["ROWS", "kind_of", "make_rows", "register", "row_class"]
 
 #: Kind name -> its class, or ``"module:Class"`` imported when a table first needs it (so a
 #: kind's dependencies load only when used).
@@ -50,6 +50,11 @@ def _class(kind: str, table: str) -> Any:
     return cls
 
 
+def row_class(table: ResolvedTable) -> type[RowStore]:
+    """The class of ``table``'s row storage (its ``records``, without building one)."""
+    return _class(kind_of(table), table.name)
+
+
 def make_rows(table: ResolvedTable, env: RowEnv, **part: Any) -> RowStore:
     """The row storage of ``table`` on this process, of the kind :func:`kind_of` picks.
 
@@ -58,4 +63,4 @@ def make_rows(table: ResolvedTable, env: RowEnv, **part: Any) -> RowStore:
             table in one process; ``piece=`` (:class:`embcore.rows.Piece`) for a dense
             shard; ``shard=True`` for one key shard of a keyed table.
     """
-    return _class(kind_of(table), table.name)(table, env, **part)
+    return row_class(table)(table, env, **part)  # type: ignore[call-arg]
