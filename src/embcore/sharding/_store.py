@@ -24,11 +24,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
-from embcore.engine._store import Chunks, StoreConfig, stored_names
+from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
-from embcore.rows import Records, row_class
-from embcore.sharding.comm import Comm
+from embcore.rows import Chunks, Records, row_class, stored_names
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
 from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load

@@ -20,12 +20,12 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Comm, Exchange, Inbox, Reducer
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.rows import RowEnv, RowStore, make_rows
 from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32
-from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 
 __all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "is_dynamic", "served_by"]
