@@ -8,7 +8,6 @@ gives unnamed tables ``table_<i>`` names and fills in the global optimizer, into
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -321,8 +320,3 @@ def resolve(
         for i, cfg in enumerate(configs)
     ]
     return features, tables
-
-
-def output_size(shape: tuple[int, ...]) -> int:
-    """Number of samples of an output shape."""
-    return math.prod(shape)

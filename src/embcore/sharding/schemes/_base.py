@@ -181,11 +181,6 @@ class Scheme(ABC):
     def piece(self, rank: int) -> Piece | None:
         """What ``rank`` holds of the logical table (``None``: nothing)."""
 
-    def tensor_names(self) -> list[str]:
-        """``weight`` and the optimizer's slots, in checkpoint order."""
-        opt = self.table.optimizer
-        return ["weight"] + ([s.name for s in opt.slot_specs()] if opt else [])
-
     def logical_shape(self, name: str) -> tuple[int, ...]:
         v, d = self.table.vocabulary_size, self.table.dim
         if name == "weight" or self.table.optimizer is None:
