@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -134,8 +135,12 @@ def write_atomic(
 
     Raises:
         DiskFullError: the disk filled up (the temporary file is removed).
+        FileExistsError: ``path`` exists and is not a regular file (a symbolic link, a
+            directory, a FIFO, a device: ``--output /dev/null`` run as root would otherwise
+            replace the device with a file); nothing is written.
     """
     path = Path(path)
+    _check_regular(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -154,6 +159,31 @@ def write_atomic(
             raise
     fsync_dir(path.parent)
     return path
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(path: Path) -> None:
+    """Refuse to replace anything but a regular file (or nothing) at ``path``."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    for test, kind in _KINDS:
+        if test(mode):
+            raise FileExistsError(
+                errno.EEXIST,
+                f"{path} exists and is {kind}, not a regular file; refusing to replace it "
+                "(write to a file name)",
+            )
 
 
 class TempDir:

@@ -171,7 +171,7 @@ BROKEN = [
     (
         "a list for keys",
         _set("keys", lambda s: [5, 7, 9]),
-        r"seen\.keys: expected a tensor, got list",
+        r"seen\.keys: expected a dense tensor holding data, got list",
     ),
 ]
 

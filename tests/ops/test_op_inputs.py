@@ -162,3 +162,20 @@ def test_the_checked_operators_still_match_the_engine() -> None:
     got = _lookup(engine, good)
     for name, act in zip(("x", "y", "z"), got, strict=True):
         torch.testing.assert_close(act, want[name], rtol=0, atol=0)
+
+
+def test_a_lookup_only_engine_refuses_training_and_updates() -> None:
+    table = ec.TableConfig(vocabulary_size=10, dim=2, name="a", safe_lookup=True)
+    engine = ec.EmbeddingEngine({"x": ec.FeatureConfig(table)}, optimizer=None)
+    args = {"values": [_i64(1, 2)], "offsets": [_i64(0, 1, 2)], "weights": [None],
+            "combiners": [1], "stacked": False}  # fmt: skip
+    before = _state(engine)
+    with pytest.raises(RuntimeError, match=r"embcore::update: tables \['a'\] have no optimizer"):
+        _update(engine, args, [torch.ones(2, 2)])
+    with pytest.raises(RuntimeError, match=r"embcore::lookup \(training\): tables \['a'\] have no"):
+        _lookup(engine, args, training=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(engine), strict=True))
+    assert _lookup(engine, args)[0].shape == (2, 2)
+    # the operators take ids already pruned: no advice to turn on what is on
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 10\)$"):
+        _lookup(engine, _set(args, "values", 0, _i64(-1, 2)))

@@ -9,6 +9,9 @@ import contextlib
 import json
 import os
 import pickle
+import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -129,3 +132,23 @@ def test_a_trusted_program_serves_the_same_scores(bundle) -> None:
     want = load_bundle(bundle)(batch.dense, batch.sparse)
     got = load_bundle(bundle, "pt2", trusted_program=True)(batch.dense, batch.sparse)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tables.safetensors", "dense.safetensors"])
+def test_predict_refuses_a_fifo_in_a_bundle_without_waiting(bundle, tmp_path, name) -> None:
+    """``predict`` used to read its bundle's files with plain ``open`` before checking them:
+    a FIFO there blocked it for ever. A real subprocess, bounded in time."""
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    (bad / name).unlink()
+    os.mkfifo(bad / name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "embcore.cli.main", "predict", "--bundle", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{bad / name} is not a regular file" in done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -119,6 +120,7 @@ def _check_bundle_files(root: Path, fmt: str) -> None:
 
     from safetensors import safe_open
 
+    from embcore._files import open_regular, read_regular
     from embcore.train.config import Config
     from embcore.train.program import PROGRAM_FILES
 
@@ -136,9 +138,12 @@ def _check_bundle_files(root: Path, fmt: str) -> None:
             "predict with --format safetensors"
         )
     config = root / "config.json"
+    for name in ("config.json", *tensors):  # a link, a FIFO or a device: refused, never read
+        with reading(root / name, "a file of a serving bundle"):
+            os.close(open_regular(root / name)[0])
     if config.exists():
         with reading(config, "the JSON manifest of a serving bundle"):
-            manifest = json.loads(config.read_text())
+            manifest = json.loads(read_regular(config, 1 << 26))
             if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
                 raise UserError(f'{config}: expected a JSON object with a "config" object')
             Config.from_dict(manifest["config"])
@@ -159,7 +164,14 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.rows < 0:
         raise UserError("--batch-size must be >= 1 and --rows >= 0")
     if args.input and not Path(args.input).is_file():
-        what = "is a directory" if Path(args.input).is_dir() else "no such file"
+        given = Path(args.input)
+        what = (
+            "is a directory"
+            if given.is_dir()
+            else "is not a regular file"
+            if given.exists()
+            else "no such file"
+        )
         raise UserError(f"--input {args.input}: {what}")
     if args.format in PROGRAM_FILES and not args.trusted_program:
         raise UserError(untrusted_program(Path(args.bundle) / PROGRAM_FILES[args.format]))

@@ -84,6 +84,8 @@ class EngineOps:
 
     def op_lookup(self, batches: list[FeatureBatch], stacked: bool, training: bool) -> list[Tensor]:
         e = self.engine
+        if training:  # a training lookup of tables that no update can follow
+            e._require_optimizers("embcore::lookup (training)")
         if not stacked:  # an operator's outputs may not share memory (a backend's may)
             outs, storages = [], set()
             for act in e._lookup(batches, training=training):
@@ -100,6 +102,7 @@ class EngineOps:
 
     def op_update(self, batches: list[FeatureBatch], grads: list[Tensor], stacked: bool) -> None:
         e = self.engine
+        e._require_optimizers("embcore::update")
         whole = None
         if stacked and grads[0].dim() == 3:
             grad = grads[0].detach().to(torch.float32)

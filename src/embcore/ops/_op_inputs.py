@@ -126,7 +126,7 @@ def _feature(
     offsets = _tensor(op, f, "offsets", offsets, torch.int64, device)
     n = values.shape[0]
     try:  # first 0, last n, never decreasing: the checks of the engine's conversion
-        check_splits(f.name, "offsets", offsets.cpu(), n)
+        check_splits(f.name, "offsets", offsets.cpu(), n, hint=False)
     except ValueError as error:
         raise ValueError(f"embcore::{op}: {error}") from None
     if weights is not None:
@@ -147,7 +147,7 @@ def _feature(
         )
     if f.vocab is not None:
         try:
-            check_range(f.name, f.table, f.vocab, values)
+            check_range(f.name, f.table, f.vocab, values, hint=False)  # ids come pruned
         except ValueError as error:
             raise ValueError(f"embcore::{op}: {error}") from None
 
