@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from sidebyside import mainjob
+from sidebyside import mainjob, torchrec_dlrm
 from sidebyside.report import markdown, speedup, summarize
 
 
@@ -88,9 +88,29 @@ def test_mainjob_runs_both_systems_on_a_tiny_config() -> None:
         overrides=["data.batch_size=32", "data.vocab_cap=500", "data.eval_rows=64"],
     )
     results = mainjob.run(options, log=lambda line: None)
-    assert set(results["step_s"]) == {"embcore", "plain PyTorch"}
+    assert set(results["step_s"]) == {"embcore", "plain PyTorch", *_torchrec()}
     assert all(len(r) == 2 and len(r[0]) == 2 for r in results["step_s"].values())
     assert "| plain PyTorch |" in mainjob.markdown(results)
+
+
+def _torchrec() -> list[str]:
+    """The optional TorchRec DLRM system, where torchrec imports."""
+    return [] if torchrec_dlrm.unavailable() else [torchrec_dlrm.NAME]
+
+
+def test_mainjob_says_when_torchrec_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torchrec_dlrm, "unavailable", lambda: "torchrec does not import (here)")
+    options = mainjob.MainJobOptions(
+        repeats=1,
+        warmup=0,
+        steps=1,
+        batches=1,
+        overrides=["data.batch_size=8", "data.vocab_cap=100"],
+    )
+    lines: list[str] = []
+    results = mainjob.run(options, log=lines.append)
+    assert list(results["step_s"]) == list(mainjob.EAGER)
+    assert "[main job] TorchRec DLRM skipped: torchrec does not import (here)" in lines
 
 
 def test_mainjob_refuses_an_optimizer_the_peer_cannot_run() -> None:
@@ -194,7 +214,7 @@ def test_mainjob_runs_the_compiled_systems_on_a_tiny_config() -> None:
         overrides=["data.batch_size=32", "data.vocab_cap=500", "data.eval_rows=64"],
     )
     results = mainjob.run(options, log=lambda line: None)
-    assert list(results["step_s"]) == [*mainjob.EAGER, *mainjob.COMPILED]
+    assert list(results["step_s"]) == [*mainjob.EAGER, *_torchrec(), *mainjob.COMPILED]
     assert all(len(r) == 2 and len(r[0]) == 2 for r in results["step_s"].values())
     assert list(results["compile_s"]) == list(mainjob.COMPILED)
     assert all(s > 0 for s in results["compile_s"].values())

@@ -12,6 +12,9 @@ binary cross-entropy, backward, a dense Adam step at the loop's learning-rate sc
 * **plain PyTorch**: one ``nn.EmbeddingBag(mode="sum", sparse=True)`` per feature with
   ``torch.optim.Adagrad`` (same rate and starting accumulator), ``torch.optim.Adam`` for the
   dense part; per-feature ids and offsets split out ahead (what a data loader would do).
+* **TorchRec DLRM** (eager, where torchrec and fbgemm_gpu import): TorchRec's own model over
+  the same tables and MLP sizes, its tables updated by FBGEMM inside backward
+  (:mod:`sidebyside.torchrec_dlrm`); ``KeyedJaggedTensor`` inputs built ahead.
 
 With ``compile`` (the command's default), both run a second time through ``torch.compile``,
 as ``embcore train --set train.compile=true`` does (:func:`embcore.train.loop.compiled`: the
@@ -44,6 +47,7 @@ from embcore.train.config import Config
 from embcore.train.loop import compiled
 from embcore.train.model import build_model, dense_lr, dense_optimizer, embedding_optimizer
 from embcore.train.sources import build_source
+from sidebyside import torchrec_dlrm
 
 __all__ = [
     "MainJobOptions",
@@ -66,6 +70,7 @@ COMPILED = ("embcore, compiled", "plain PyTorch, compiled")
 RATIOS = [
     ("embcore vs plain PyTorch, both eager", "plain PyTorch", "embcore"),
     ("embcore vs plain PyTorch, both compiled", "plain PyTorch, compiled", "embcore, compiled"),
+    ("embcore vs TorchRec DLRM, both eager", "TorchRec DLRM", "embcore"),
     ("embcore: compiled vs eager", "embcore", "embcore, compiled"),
     ("plain PyTorch: compiled vs eager", "plain PyTorch", "plain PyTorch, compiled"),
 ]
@@ -221,6 +226,10 @@ def run(options: MainJobOptions, log: Callable[[str], None] = print) -> dict:
         ours = _embcore(cfg, source, data)
         like = ours.model  # type: ignore[attr-defined]
         systems = {"embcore": ours, "plain PyTorch": _plain(cfg, source, data, like)}
+        if (missing := torchrec_dlrm.unavailable()) is None:
+            systems[torchrec_dlrm.NAME] = torchrec_dlrm.build(cfg, source, data)
+        else:
+            log(f"[main job] {torchrec_dlrm.NAME} skipped: {missing}")
         if options.compile:
             systems[COMPILED[0]] = _embcore(cfg, source, data, compile=True)
             systems[COMPILED[1]] = _plain(cfg, source, data, like, compile=True)
@@ -358,8 +367,10 @@ def section(results: dict, command: str) -> str:
         f"{SECTION}\n\n"
         "embcore's DLRM (`embcore train`'s model, data and optimizers) against the same DLRM in "
         "plain PyTorch (`nn.EmbeddingBag(sparse=True)` + `optim.Adagrad`, `optim.Adam`), eager "
-        "and through `torch.compile`, on the same batches "
-        "(`benchmarks/sidebyside/mainjob.py`). Regenerated, this section only, by:\n\n"
+        "and through `torch.compile`, and TorchRec's own DLRM (`torchrec.models.dlrm.DLRM` over "
+        "a `FusedEmbeddingBagCollection`: FBGEMM's fused Adagrad; eager, where torchrec is "
+        "installed), on the same batches (`benchmarks/sidebyside/mainjob.py`). Regenerated, this "
+        "section only, by:\n\n"
         f"```\n{command}\n```\n\n" + markdown(results)
     )
 

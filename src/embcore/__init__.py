@@ -3,6 +3,10 @@
 The public names are re-exported here; everything else is private.
 """
 
+# first: the CPU kernels' cache directory is named after it, and may be chosen while the
+# imports below run
+__version__ = "0.1.0"
+
 from embcore.config import CountAdmission, Eviction, FeatureConfig, TableConfig
 from embcore.engine import EmbeddingEngine, PreparedBatch
 from embcore.inputs import FeatureBatch, RaggedIds
@@ -17,8 +21,6 @@ from embcore.optimizers import (
     SlotSpec,
 )
 from embcore.prefetch import Prefetcher
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

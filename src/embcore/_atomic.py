@@ -3,6 +3,12 @@
 A reader (or a process restarted after a crash) sees either the previous content or the
 complete new one, never a torn file. Every writer of embcore goes through these helpers; see
 docs/reliability.md.
+
+File modes, one policy for everything embcore writes (checkpoints, bundles, statistics,
+summaries): a file gets ``0o666 & ~umask`` and a directory ``0o777 & ~umask``, what ``open``
+and ``mkdir`` give any new file. With the usual umask 022 that is 0644 / 0755; a team sharing
+a run directory sets umask 002 (0664 / 0775, group-writable); umask 077 keeps runs private.
+Temporary files (which ``mkstemp`` creates 0600) get the final mode before they are renamed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ __all__ = [
     "DiskFullError",
     "TempDir",
     "check_replaceable",
+    "dir_mode",
+    "file_mode",
     "fsync_dir",
     "publish_dir",
     "remove_stale",
@@ -35,6 +43,28 @@ __all__ = [
 
 class DiskFullError(OSError):
     """No space (or quota) left while writing; the message names the path."""
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask both sets and returns it)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode of a new file embcore writes: ``0o666 & ~umask`` (module docstring)."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode of a new directory embcore writes: ``0o777 & ~umask``."""
+    return 0o777 & ~_umask()
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -128,10 +158,13 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def write_atomic(
-    path: str | os.PathLike[str], data: bytes | Callable[[BinaryIO], None], mode: int = 0o644
+    path: str | os.PathLike[str],
+    data: bytes | Callable[[BinaryIO], None],
+    mode: int | None = None,
 ) -> Path:
     """Write ``data`` (bytes, or a callback writing to a binary file) to ``path`` atomically:
-    into a unique temporary file beside it, fsynced, renamed over ``path``.
+    into a unique temporary file beside it, fsynced, renamed over ``path``; the file gets
+    ``mode`` (default :func:`file_mode`).
 
     Raises:
         DiskFullError: the disk filled up (the temporary file is removed).
@@ -152,7 +185,7 @@ def write_atomic(
                     f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, mode)
+            os.chmod(tmp, file_mode() if mode is None else mode)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -208,7 +241,7 @@ class TempDir:
             os.close(fd)
         else:
             raise OSError(errno.EAGAIN, f"could not create a temporary directory for {target}")
-        os.chmod(path, 0o755)  # mkdtemp's is private; what it becomes is shared like any output
+        os.chmod(path, dir_mode())  # mkdtemp's is 0700; what it becomes is like any new directory
         self.path = Path(path)
         self._fd: int | None = fd
 

@@ -40,9 +40,10 @@ Initializer = Callable[..., Any]
 # eviction; their rules over arrays are ``embcore.dynamic.policy`` (docs/dynamic_tables.md).
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class CountAdmission:
-    """Admit a key once it occurred ``min_count`` times in training lookups.
+    """Admit a key once it occurred ``min_count`` times in training lookups
+    (``CountAdmission(2)``, like ``Adagrad(0.1)``: the main parameter may be positional).
 
     Every occurrence counts: repeats within one lookup and in every feature sharing the table.
     Before admission a key reads zeros and its gradient is dropped.

@@ -27,6 +27,7 @@ conversion returns (docs/reliability.md).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -261,8 +262,15 @@ def _from_dense(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
         )
     values = check_ids(name, ids.cpu(), "ids").reshape(-1)
     shape = tuple(ids.shape) if ids.dim() == 1 else tuple(ids.shape[:-1])
-    offsets = torch.arange(values.numel() + 1, dtype=torch.int64)
-    return values, offsets, None, shape, False
+    return values, _one_per_sample(values.numel()), None, shape, False
+
+
+@functools.lru_cache(maxsize=8)
+def _one_per_sample(samples: int) -> Tensor:
+    """``arange(samples + 1)``, the offsets of one id per sample: one tensor for every batch of
+    that size (nothing writes offsets in place), a normal tensor even under inference mode."""
+    with torch.inference_mode(False):
+        return torch.arange(samples + 1, dtype=torch.int64)
 
 
 def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:

@@ -238,7 +238,7 @@ def stats_path(directory: str | os.PathLike[str], key: dict[str, Any]) -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    _atomic.write_atomic(path, text.encode(), mode=0o600)
+    _atomic.write_atomic(path, text.encode())
 
 
 def load_stats(directory: str | os.PathLike[str], key: dict[str, Any]) -> TableStats | None:

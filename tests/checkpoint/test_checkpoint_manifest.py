@@ -264,3 +264,18 @@ def test_a_checkpoint_that_does_not_fit_names_the_table_and_both_sides(tmp_path)
         ValueError, match=r"table 'w' is not in the checkpoint \(it has \['a', 'b'\]\)"
     ):
         ec.checkpoint.load(other, tmp_path / "c")
+
+
+def test_verify_returns_a_short_result_that_still_reads_as_the_manifest(tmp_path):
+    ec.checkpoint.save(trained(), tmp_path / "c")
+    result = ec.checkpoint.verify(tmp_path / "c")
+    manifest = json.loads((tmp_path / "c" / "embcore_manifest.json").read_text())
+    assert isinstance(result, ec.checkpoint.Verified) and result.manifest == manifest
+    assert result == manifest and dict(result) == manifest and result["step"] == manifest["step"]
+    chunks = [c for t in manifest["tensors"].values() for c in t["chunks"]]
+    assert result.chunks == len(chunks) and result.nbytes == sum(c["length"] for c in chunks)
+    assert result.tables == [t["name"] for t in manifest["tables"]] and result.bases == 0
+    text = repr(result)
+    assert text.startswith(f"Verified({str(tmp_path / 'c')!r}: step {manifest['step']}, ")
+    assert f"{len(manifest['tables'])} tables, {len(manifest['tensors'])} tensors in " in text
+    assert text.endswith(", ok)") and len(text) < 200 and "sha256" not in text

@@ -97,5 +97,7 @@ def test_bad_arguments_name_the_value() -> None:
         SyntheticCriteo(zipf_a=1.0)
     with pytest.raises(ValueError, match="split must be one of"):
         SyntheticCriteo(vocab_cap=10).batch("test", 0, 4)
+    with pytest.raises(ValueError, match="Batch: expected dense"):  # 3 dense rows for 2 labels
+        Batch(torch.zeros(3, 13), torch.zeros(2, 26, dtype=torch.int64), torch.zeros(2))
     with pytest.raises(ValueError, match="Batch: expected dense"):
-        Batch(torch.zeros(2, 12), torch.zeros(2, 26, dtype=torch.int64), torch.zeros(2))
+        Batch(torch.zeros(2, 13), torch.zeros(2, 26, dtype=torch.int32), torch.zeros(2))

@@ -35,12 +35,15 @@ def test_bad_values_raise_naming_the_field_and_value(make, message):
         make()
 
 
-def test_configs_are_frozen_and_keyword_only():
+def test_configs_are_frozen_and_count_admission_takes_its_count_positionally():
     config = Eviction(steps_to_live=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_rows = 4  # type: ignore[misc]
     with pytest.raises(TypeError):
-        CountAdmission(2)  # type: ignore[misc]
+        Eviction(3)  # type: ignore[misc]  # two limits: say which
+    assert CountAdmission(2) == CountAdmission(min_count=2)  # as Adagrad(0.1)
+    with pytest.raises(ValueError, match="min_count must be an int >= 1, got 0"):
+        CountAdmission(0)
     assert CountAdmission(min_count=np.int64(3)).min_count == 3
 
 

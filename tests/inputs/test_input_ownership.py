@@ -217,6 +217,26 @@ def test_a_copy_is_made_only_for_views_of_the_input() -> None:
         assert torch.equal(got, given)
 
 
+@pytest.mark.slow
+def test_one_id_per_sample_offsets_are_shared_and_train_after_inference_mode() -> None:
+    """Dense ids of one id per sample get ``arange(S + 1)`` offsets, one tensor for every batch
+    of that size; a batch of a size first seen under ``torch.inference_mode`` still trains
+    through the compiled operators (which save the offsets for their backward)."""
+    table = ec.TableConfig(vocabulary_size=VOCAB, dim=DIM, name="t")
+    config = {"f": ec.FeatureConfig(table=table), "g": ec.FeatureConfig(table=table)}
+    engine = ec.EmbeddingEngine(config, optimizer=ec.SGD(learning_rate=LR))
+    with torch.inference_mode():
+        engine.prepare({"f": torch.tensor([0, 0, 0]), "g": torch.tensor([0, 0, 0])})
+    prepared = engine.prepare({"f": torch.tensor([5, 6, 7]), "g": torch.tensor([1, 2, 3])})
+    f, g = prepared.batches
+    assert torch.equal(f.offsets, torch.arange(4)) and f.offsets is g.offsets
+    before = engine.embedding_tables["t"].detach().clone()
+    compiled = torch.compile(engine.stacked, backend="aot_eager", fullgraph=True)
+    compiled(prepared).sum().backward()
+    moved = (engine.embedding_tables["t"] != before).any(1)
+    assert moved.tolist() == [i in (1, 2, 3, 5, 6, 7) for i in range(VOCAB)]
+
+
 # ------------------------------------------------------- row_splits broken after construction
 
 DECREASE = r"row_splits must never decrease, got row_splits"

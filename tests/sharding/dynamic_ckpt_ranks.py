@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import embcore as ec
+from embcore.sharding import ShardingPlan, TableShard
 
 
 def worker_ckpt(rank: int, world: int, tmp: str) -> dict[str, Any]:
@@ -62,3 +63,42 @@ def check_n_to_m(tmp_path: Any) -> None:
                 assert torch.equal(g["state"][k], w["state"][k]), (rank, k)
     rows = ec.checkpoint.read_manifest(tmp_path / "c6")["dynamic"]["user"]["groups"]["rows"]
     assert rows["stored"] > 0 and rows["deleted"] > 0
+
+
+def reversed_plan(world: int) -> ShardingPlan:
+    """The scenario's tables on every rank, listed from the last rank to the first: shard
+    ``p`` of a table lives on rank ``world - 1 - p``."""
+    ranks = tuple(reversed(range(world)))
+    return ShardingPlan(
+        world_size=world,
+        tables={
+            "user": TableShard(scheme="key_hash", ranks=ranks),
+            "fixed": TableShard.row_wise(list(ranks)),
+        },
+    )
+
+
+def reversed_engine(world: int) -> ec.EmbeddingEngine:
+    import dynamic_sharding_harness as d
+
+    return ec.EmbeddingEngine(
+        d.feature_config(), ec.Adagrad(learning_rate=0.3), backend="reference",
+        plan=reversed_plan(world),
+    )  # fmt: skip
+
+
+def worker_rank_order(rank: int, world: int, state: str, ckpt: str) -> dict[str, Any]:
+    """A plan whose ranks are listed out of order: train from the start; load a state dict
+    and a checkpoint written by one process, then train on."""
+    import dynamic_sharding_harness as d
+
+    trained = reversed_engine(world)
+    out: dict[str, Any] = {"steps": d.train(trained, [rank], range(d.STEPS))}
+    loaded = reversed_engine(world)
+    loaded.load_state_dict(torch.load(state, weights_only=False))
+    out["loaded"] = d.observe(loaded)
+    out["resumed"] = d.train(loaded, [rank], range(d.STEPS, d.STEPS + 2))
+    from_ckpt = reversed_engine(world)
+    ec.checkpoint.load(from_ckpt, ckpt)
+    out["resumed_from_checkpoint"] = d.train(from_ckpt, [rank], range(d.STEPS, d.STEPS + 2))
+    return out

@@ -101,3 +101,25 @@ def test_the_training_loop_gives_adam_the_rate_of_each_step(
     seen.clear()
     train(cfg, resume=True, echo=lambda _: None)
     assert seen == pytest.approx(want[4:], rel=1e-12)
+
+
+def test_a_resume_with_more_steps_says_the_schedule_now_ends_later(
+    tiny: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented choice: the schedule follows the run's current ``train.steps`` (its
+    decay ends at the new last step), and the resumed run says so."""
+    cfg = tiny.with_overrides(["optim.dense_lr=0.02", "optim.decay_to=0.1"])
+    train(cfg, stop_at=4, echo=lambda _: None)
+    seen = _rates_seen_by_adam(monkeypatch)
+    messages: list[str] = []
+    train(cfg.with_overrides(["train.steps=16"]), resume=True, echo=messages.append)
+    assert seen == pytest.approx(
+        [expected_rate(0.02, 3, 0.1, s, 16) for s in range(5, 17)], rel=1e-12
+    )
+    (said,) = [m for m in messages if "train.steps" in m]
+    assert "train.steps is 16 now, 12 in the checkpoint" in said
+    assert "now ends at step 16" in said
+    seen.clear()
+    messages.clear()
+    train(cfg.with_overrides(["train.steps=16"]), resume=True, echo=messages.append)
+    assert seen == [] and not [m for m in messages if "train.steps" in m]  # 16 = 16: silent

@@ -49,9 +49,21 @@ def test_the_raw_source_is_the_plain_source_mixed() -> None:
     assert "raw 64-bit ids" in raw.describe()
 
 
-def test_raw_ids_need_the_synthetic_source() -> None:
-    with pytest.raises(UserError, match=r"\[data\] raw_ids must be false for file sources"):
-        DataConfig(source="criteo_tsv", path="a.tsv", eval_path="b.tsv", raw_ids=True)
+def test_raw_ids_mean_the_same_for_every_source() -> None:
+    from embcore.train.contract import id_mode, source_gives_keys
+
+    files = {"path": "a.tsv", "eval_path": "b.tsv"}
+    for source, where in (("criteo_tsv", files), ("parquet", files), ("movielens", {"path": "d"})):
+        for raw, tables, mode in (
+            (False, "fixed", "rows"),
+            (True, "fixed", "folded"),
+            (False, "dynamic", "keys"),
+            (True, "dynamic", "keys"),
+        ):
+            data = DataConfig(source=source, raw_ids=raw, **where)
+            config = Config(data=data, model=ModelConfig(tables=tables))
+            assert id_mode(config) == mode
+            assert source_gives_keys(config) == (mode != "rows")
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from sidebyside.systems import (
     embcore_dynamic,
     embcore_engine,
     embcore_pipelined,
+    embcore_prepared,
     fbgemm_tbe,
     plain_torch,
     torch_dict,
@@ -37,6 +38,7 @@ __all__ = ["SYSTEMS", "supports"]
 #: run order within a workload: embcore first, then its peers
 SYSTEMS: list[ModuleType] = [
     embcore_engine,
+    embcore_prepared,
     embcore_dict,
     embcore_pipelined,
     plain_torch,

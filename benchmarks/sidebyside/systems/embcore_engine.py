@@ -3,8 +3,9 @@
 Its output is ``engine.stacked(batch)``, the ``(B, T, dim)`` tensor a DLRM interaction takes
 (FBGEMM's natural output is likewise one ``(B, T * dim)`` tensor). The variants
 :mod:`.embcore_dict` (one activation per feature, the TPU API's structure) and
-:mod:`.embcore_pipelined` (``pipeline=True``: one step stale, not the same numerics) are
-reported beside it.
+:mod:`.embcore_pipelined` (``pipeline=True``: one step stale, not the same numerics) and
+:mod:`.embcore_prepared` (inputs prepared before the clock, as FBGEMM's are) are reported
+beside it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Run:
         *,
         stacked: bool = True,
         pipeline: bool = False,
+        prepared: bool = False,
     ) -> None:
         opt: ec.Optimizer
         if optimizer == "adagrad":
@@ -65,6 +67,8 @@ class Run:
             }
             for b in batches
         ]
+        if prepared:  # converted and checked once, before any step is timed
+            self.inputs = [self.engine.prepare(x) for x in self.inputs]
         slots = sum(s.numel() for t in self.engine.slot_variables.values() for s in t.values())
         weights = sum(w.numel() for w in self.engine.embedding_tables.values())
         self.state_bytes = 4 * (slots + weights)

@@ -29,5 +29,6 @@ from __future__ import annotations
 from embcore.checkpoint._errors import CheckpointError
 from embcore.checkpoint._load import load, read_manifest, verify
 from embcore.checkpoint._save import save
+from embcore.checkpoint._verified import Verified
 
-__all__ = ["CheckpointError", "load", "read_manifest", "save", "verify"]
+__all__ = ["CheckpointError", "Verified", "load", "read_manifest", "save", "verify"]

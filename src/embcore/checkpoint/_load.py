@@ -30,6 +30,7 @@ from embcore.checkpoint._digest import sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor, table_of
 from embcore.checkpoint._errors import CheckpointError
 from embcore.checkpoint._manifest import Chunk
+from embcore.checkpoint._verified import Verified
 
 if TYPE_CHECKING:  # annotations only: engines are seen through _engine_view
     from embcore.engine import EmbeddingEngine
@@ -130,10 +131,14 @@ def verify_shared(
         raise _corrupt_chain(chain, bad, found, outcome)
 
 
-def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+def verify(path: str | os.PathLike[str]) -> Verified:
     """Check a checkpoint completely in this process (manifest, DCP metadata, the sha256 of
-    every chunk) and return its manifest. For a delta the whole chain is checked (every
-    base, and that replaying it gives exactly the dynamic tables that were saved).
+    every chunk). For a delta the whole chain is checked (every base, and that replaying it
+    gives exactly the dynamic tables that were saved).
+
+    Returns:
+        A :class:`~embcore.checkpoint._verified.Verified`: a one-line ``repr`` of what was
+        checked, the manifest as ``.manifest`` (it also reads as the manifest mapping).
 
     Raises:
         FileNotFoundError: nothing at ``path``, or a base of the delta is missing.
@@ -146,7 +151,7 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     if found:
         raise _corrupt_chain(chain, sorted(found), found)
     _delta.verify_chain(chain)
-    return chain[-1].manifest
+    return Verified(path, chain[-1].manifest, bases=len(chain) - 1)
 
 
 def _changed_optimizers(

@@ -5,17 +5,20 @@ PyTorch and, when ``fbgemm_gpu`` imports, FBGEMM TBE on CPU, and W3 (W1 with raw
 for embcore's dynamic tables, plain PyTorch with a dict and, when ``torchrec`` imports,
 TorchRec's managed collisions, in one process and one run, on the same pre-generated batches,
 then the dynamic tables' key index alone; writes ``results.json`` and ``results.md`` to
-``--out`` and, for the full workloads, regenerates the project's ``BENCHMARKS.md``::
+``--out`` and, with ``--write-benchmarks``, regenerates the checkout's ``BENCHMARKS.md``::
 
-    embcore bench                       # W1, W2, W3, W3-evict; writes BENCHMARKS.md
-    embcore bench --repeats 3           # the suite 3 times, systems interleaved in each;
-                                        # min / median / max per system, ratios per run
-    embcore bench --quick               # CI size, no BENCHMARKS.md
+    embcore bench                       # W1, W2, W3, W3-evict; results in --out
+    embcore bench --repeats 3 --write-benchmarks
+                                        # the suite 3 times, systems interleaved in each;
+                                        # min / median / max per system, ratios per run;
+                                        # regenerates BENCHMARKS.md
+    embcore bench --quick               # a smoke test at CI size: no speed is reported
     embcore bench --device cuda         # GPU mode: W1/W2/W3 at batch 65,536, bandwidth
     embcore bench --gpu-mode --quick    # the GPU mode's smoke run on the CPU (Triton's
                                         # interpreter; scripts/gpu_check.sh --dry-run)
     embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch,
-                                        # eager and compiled; its BENCHMARKS.md section
+                                        # eager and compiled (--write-benchmarks: its
+                                        # BENCHMARKS.md section)
 
 The harness lives in the repository's ``benchmarks/sidebyside`` (benchmarks are not part of
 the installed package), so the command needs a source checkout.
@@ -47,7 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--quick", action="store_true", help="tiny CI sizes (W1-quick, W2-quick, W3-quick)"
+        "--quick",
+        action="store_true",
+        help="a smoke test at tiny CI sizes (W1-quick, W2-quick, W3-quick): every system runs; "
+        "its timings are start-up noise, so no speed or speed-up is printed",
     )
     p.add_argument(
         "--workloads", nargs="+", help="names (default W1 W2 W3 W3-evict, or the quick ones)"
@@ -63,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         choices=[
             "embcore_engine",
+            "embcore_prepared",
             "embcore_dict",
             "embcore_pipelined",
             "plain_torch",
@@ -74,22 +81,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="default: all that are installed",
     )
     p.add_argument("--repeats", type=int, default=1, help="run the whole suite N times")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps before the timed ones (default 2)"
+    )
     p.add_argument("--steps", type=int, default=8, help="timed steps (median reported)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="JSON + markdown")
     p.add_argument(
-        "--markdown",
-        type=Path,
-        help="BENCHMARKS.md to regenerate (default: the repository's, full runs only)",
+        "--write-benchmarks",
+        action="store_true",
+        help="regenerate the checkout's BENCHMARKS.md from this run (full runs; --mainjob: "
+        "its section, without --set)",
     )
-    p.add_argument("--no-markdown", action="store_true", help="do not write BENCHMARKS.md")
+    p.add_argument("--markdown", type=Path, help="regenerate this markdown file instead")
+    p.add_argument(
+        "--no-markdown",
+        action="store_true",
+        help="write no markdown (the default; kept for old scripts)",
+    )
     p.add_argument(
         "--mainjob",
         action="store_true",
         help="run only the main job (embcore train's default DLRM) against the same model in "
-        "plain PyTorch, eager and through torch.compile; writes mainjob.json and mainjob.md to "
-        "--out and, without --set, BENCHMARKS.md's main-job section",
+        "plain PyTorch, eager and through torch.compile, and TorchRec's own DLRM (eager, where "
+        "torchrec is installed); writes mainjob.json and mainjob.md to --out (and with "
+        "--write-benchmarks, without --set, BENCHMARKS.md's main-job section)",
     )
     p.add_argument(
         "--no-compile",
@@ -157,11 +173,16 @@ def run(args: argparse.Namespace) -> int:
         options.index_keys = 200_000
     results = sidebyside.run(options, log=lambda line: print(line, flush=True))
     sidebyside.write(results, args.out)
-    table = sidebyside.markdown(results)
-    print(table)
-    print(sidebyside.dynamic_markdown(results))
+    if args.quick:
+        print(
+            "smoke test passed: every system ran the tiny workloads. Their timings are start-up "
+            "noise, not speed; run embcore bench (minutes) for speeds and speed-ups."
+        )
+    else:
+        print(sidebyside.markdown(results))
+        print(sidebyside.dynamic_markdown(results))
     markdown = args.markdown
-    if markdown is None and not args.quick and not args.no_markdown:
+    if markdown is None and args.write_benchmarks and not args.quick:
         markdown = root.parent / "BENCHMARKS.md"
     if markdown is not None and not args.no_markdown:
         from sidebyside import mainjob
@@ -258,7 +279,7 @@ def _run_mainjob(args: argparse.Namespace) -> int:
     (args.out / "mainjob.md").write_text(table)
     print(table)
     markdown = args.markdown
-    if markdown is None and not args.set:  # the default job only
+    if markdown is None and args.write_benchmarks and not args.set:  # the default job only
         markdown = find_benchmarks().parent / "BENCHMARKS.md"  # type: ignore[union-attr]
     if markdown is not None and not args.no_markdown:
         document = markdown.read_text() if markdown.is_file() else "# BENCHMARKS\n"

@@ -42,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # a usage error, as argparse's own (exit status 2)
+        parser.print_help(sys.stderr)
+        print("embcore: error: give a command (embcore train, embcore --help)", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except UserError as error:
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"embcore {args.command}: error: {where}{error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # Ctrl-C; embcore.train.loop.Interrupted says more
-        print(f"embcore {args.command}: {error or 'interrupted'}", file=sys.stderr)
+        print(f"embcore {args.command}: {str(error) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

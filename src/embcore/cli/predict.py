@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,16 +25,21 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "predict",
-        help="score a Criteo TSV/Parquet file or the built-in data with a serving bundle",
+        help="score a Criteo TSV/Parquet file, a MovieLens directory or the built-in data "
+        "with a serving bundle",
         description="Load a bundle written by embcore export on CPU, score rows, and report "
         "rows/s, the per-batch latency (median, p99) and, when labels are known, AUC and log "
-        "loss. Without --input it scores the built-in held-out rows of the training run. "
-        "By default it reads tensors and JSON only, never code from the bundle; a program "
-        "file (--format pt2 or aoti) is loaded only with --trusted-program.",
+        "loss. Without --input it scores the held-out rows of the training run (the built-in "
+        "data, or the MovieLens directory data.path). By default it reads tensors and JSON "
+        "only, never code from the bundle; a program file (--format pt2 or aoti) is loaded "
+        "only with --trusted-program.",
     )
     parser.add_argument("--bundle", default="runs/dlrm/export", help="default runs/dlrm/export")
     parser.add_argument(
-        "--input", metavar="FILE", help="Criteo TSV (plain or gzip) or .parquet file"
+        "--input",
+        metavar="FILE",
+        help="Criteo TSV (plain or gzip) or .parquet file; for a MovieLens bundle, a "
+        "directory in the ml-100k layout (its held-out ratings are scored)",
     )
     parser.add_argument("--rows", type=int, default=0, help="score at most this many rows")
     parser.add_argument("--batch-size", type=int, default=1024, help="rows per call (1024)")
@@ -65,10 +71,16 @@ def _batches(args: argparse.Namespace, serving: ServingModel) -> Iterator[Batch]
     from embcore.data.batch import rebatch
     from embcore.data.criteo_tsv import read_criteo_tsv
     from embcore.data.parquet import read_criteo_parquet
-    from embcore.train.sources import SyntheticSource
+    from embcore.train.sources import SyntheticSource, build_source
 
-    vocab = serving.vocab_sizes
-    if args.input:
+    vocab = None if serving.keys else serving.vocab_sizes  # raw keys: the model folds or keys
+    data = serving.config.data
+    if data.source == "movielens":
+        cfg = dataclasses.replace(data, path=args.input or data.path, eval_rows=0)
+        batches = rebatch(build_source(cfg, keys=serving.keys).eval_set().batches, args.batch_size)
+    elif args.input and Path(args.input).is_dir():
+        raise UserError(f"--input {args.input}: is a directory")
+    elif args.input:
         if args.input.endswith((".parquet", ".pq")):
             batches = read_criteo_parquet(args.input, batch_size=args.batch_size, vocab_sizes=vocab)
         else:  # labeled (40 columns) or not (39), as the first row says
@@ -76,7 +88,6 @@ def _batches(args: argparse.Namespace, serving: ServingModel) -> Iterator[Batch]
                 args.input, batch_size=args.batch_size, vocab_sizes=vocab, labeled=None
             )
     else:
-        data = serving.config.data
         if data.source != "synthetic":
             raise UserError("the bundle was trained on files: pass --input FILE")
         batches = rebatch(SyntheticSource(data).eval_set().batches, args.batch_size)
@@ -163,15 +174,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1 or args.rows < 0:
         raise UserError("--batch-size must be >= 1 and --rows >= 0")
-    if args.input and not Path(args.input).is_file():
+    if args.input and not (Path(args.input).is_file() or Path(args.input).is_dir()):
         given = Path(args.input)
-        what = (
-            "is a directory"
-            if given.is_dir()
-            else "is not a regular file"
-            if given.exists()
-            else "no such file"
-        )
+        what = "is not a regular file" if given.exists() else "no such file"
         raise UserError(f"--input {args.input}: {what}")
     if args.format in PROGRAM_FILES and not args.trusted_program:
         raise UserError(untrusted_program(Path(args.bundle) / PROGRAM_FILES[args.format]))
@@ -185,7 +190,10 @@ def run(args: argparse.Namespace) -> int:
         report = score(serving, _batches(args, serving))  # readers raise UserError
     finally:
         torch.set_num_threads(threads)
-    source = args.input or "built-in held-out rows"
+    data = serving.config.data
+    source = args.input or (
+        "built-in held-out rows" if data.source == "synthetic" else f"{data.path} (held out)"
+    )
     if report.rows == 0:
         raise UserError(f"{source}: no rows to score")
     served = Path(args.bundle) / PROGRAM_FILES.get(args.format, "")

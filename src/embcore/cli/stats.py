@@ -82,8 +82,7 @@ def report(found: list[tuple[Path, TableStats]], top: int) -> str:
         rows = "dynamic" if key["vocabulary_size"] is None else key["vocabulary_size"]
         lines.append(
             f"table {s.table}  ({rows} x {key['dim']}, "
-            f"{key['num_features']} feature(s), {key['sharding_strategy']} over "
-            f"{key['world_size']} rank(s))  [{path.name}]"
+            f"{key['num_features']} feature(s), {_placement(key)})  [{path.name}]"
         )
         lines.append(
             f"  sampled batches {s.batches}, examples {s.examples}, ids {s.ids}; ids per example "
@@ -106,7 +105,15 @@ def report(found: list[tuple[Path, TableStats]], top: int) -> str:
             total = max(sum(s.shard_load), 1)
             shares = " ".join(f"{100 * x / total:.1f}%" for x in s.shard_load)
             lines.append(f"  ids per shard: {shares}")
-    return "\n".join(lines) if lines else "no statistics files found"
+    return "\n".join(lines)
+
+
+def _placement(key: dict) -> str:
+    """Where the table's rows were: ``unsharded`` (one process), or the sharding plan's
+    description over the ranks (``row_wise(key_hash) on 0,1 over 2 ranks``)."""
+    if key["world_size"] == 1:
+        return "unsharded"
+    return f"{key['sharding_strategy']} over {key['world_size']} ranks"
 
 
 def plot(found: list[tuple[Path, TableStats]], out: Path) -> list[Path]:
@@ -156,6 +163,12 @@ def plot(found: list[tuple[Path, TableStats]], out: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     found = load_directory(args.directory)
+    if not found:
+        raise UserError(
+            f"{args.directory} holds no statistics files (*.json written by the engine's "
+            "profiler); give the profile_data_directory of an engine that called "
+            "write_statistics()"
+        )
     print(report(found, args.top))
     for png in plot(found, args.plots or args.directory):
         print(f"wrote {png}")

@@ -8,8 +8,9 @@ __all__ = ["register"]
 
 EPILOG = """\
 examples:
-  embcore train                                   # built-in data, about 1.5 min on 2 cores
+  embcore train                                   # built-in data, ~40 s on 2 idle cores
   embcore train --set train.steps=300 --set model.interaction=dcn
+  embcore train --set data.source=movielens --set data.path=data/ml-100k   # real ratings
   embcore train --config job.toml --resume        # continue after an interruption
   embcore train --overwrite                       # replace the run in train.out_dir
 config keys (section.key): see docs/main_job.md, or embcore.train.config"""

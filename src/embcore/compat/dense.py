@@ -85,18 +85,27 @@ class DenseOptimizer:
         self.hyperparameters = hyperparameters
 
     def minimize(self, loss: Tensor, global_step: Any = None, var_list: Any = None) -> Any:
-        """The torch optimizer of the dense tensors ``loss`` depends on (or of ``var_list``).
+        """The torch optimizer of the dense tensors ``loss`` depends on (or of ``var_list``);
+        ``None`` (nothing to run) where gradients are off.
+
+        A ``model_fn`` may build its ``train_op`` in every mode, as TensorFlow allows: in
+        ``evaluate`` and ``predict`` the Estimator runs ``model_fn`` under ``torch.no_grad()``,
+        where TensorFlow would build the op and never run it; here it is ``None``.
 
         Raises:
-            ValueError: ``loss`` is not a tensor or depends on no trainable tensor.
+            ValueError: ``loss`` is not a tensor, or, with gradients on, depends on no
+                trainable tensor.
         """
         if not isinstance(loss, Tensor):
             raise ValueError(f"{self.name}.minimize: loss must be a tensor, got {loss!r}")
+        if not torch.is_grad_enabled():
+            return None  # evaluate / predict: a train_op nobody runs
         params = list(var_list) if var_list is not None else _parameters(loss)
         if not params:
             raise ValueError(
-                f"{self.name}.minimize: the loss depends on no trainable tensor; build the "
-                "dense model once as an nn.Module (model_fn itself, or a value of params)"
+                f"{self.name}.minimize: the loss depends on no trainable tensor (gradients "
+                "are on, so this is a training step); build the dense model once as an "
+                "nn.Module (model_fn itself, or a value of params)"
             )
         key = (
             type(self),

@@ -3,7 +3,8 @@
 ``tf.keras.layers.Dense`` is not part of embcore: asking for it raises
 :class:`NotProvidedError` (an ``AttributeError``) whose message names the full path, says that
 embcore does not provide it and what to use instead, rather than Python's generic "object has
-no attribute" (docs/differences.md lists what ``embcore.compat.tf`` covers).
+no attribute" (docs/estimator.md, "Porting TPUEstimator code", lists what
+``embcore.compat.tf`` covers).
 """
 
 from __future__ import annotations
@@ -17,24 +18,29 @@ class NotProvidedError(AttributeError):
     """A TensorFlow name that ``embcore.compat.tf`` does not provide."""
 
 
-_TORCH = "use the PyTorch equivalent"
+#: For names embcore knows nothing about.
+_UNKNOWN = (
+    "embcore knows no replacement for this name; write that part with PyTorch (torch.*), "
+    "whose functions take and return the torch.Tensor values embcore uses"
+)
 
-#: What to use instead, by full path or by last component.
+#: What to use instead, by full path or by last component. Every hint names the concrete
+#: replacement (a class, function or method; tests resolve each dotted name).
 HINTS: dict[str, str] = {
     # tensors and math: PyTorch's own
     "constant": "use torch.tensor",
     "convert_to_tensor": "use torch.as_tensor",
-    "cast": "use tensor.to(dtype)",
+    "cast": "use torch.Tensor.to(dtype)",
     "concat": "use torch.cat",
     "stack": "use torch.stack",
-    "reshape": "use tensor.reshape",
+    "reshape": "use torch.reshape",
     "reduce_mean": "use torch.mean",
     "reduce_sum": "use torch.sum",
     "matmul": "use torch.matmul",
     "sigmoid": "use torch.sigmoid",
     "zeros": "use torch.zeros",
     "ones": "use torch.ones",
-    "Variable": "use torch.nn.Parameter inside an nn.Module",
+    "Variable": "use torch.nn.Parameter inside a torch.nn.Module",
     "Tensor": "tensors are torch.Tensor",
     "SparseTensor": "pass torch.sparse_coo_tensor (or embcore.RaggedIds)",
     "RaggedTensor": "pass embcore.RaggedIds (values and row_splits)",
@@ -49,62 +55,96 @@ HINTS: dict[str, str] = {
     "tf.nn.safe_embedding_lookup_sparse": (
         "use embcore.EmbeddingEngine, or tf.nn.embedding_lookup for one dense table"
     ),
-    # Keras: PyTorch modules
-    "Dense": "use torch.nn.Linear (inside an nn.Module you pass in params or as model_fn)",
+    # layers: PyTorch modules (Keras and TensorFlow 1's tf.compat.v1.layers functions)
+    "Dense": "use torch.nn.Linear (inside a torch.nn.Module you pass in params or as model_fn)",
+    "dense": "use torch.nn.Linear (inside a torch.nn.Module you pass in params or as model_fn)",
     "Model": "use torch.nn.Module",
     "Sequential": "use torch.nn.Sequential",
     "BatchNormalization": "use torch.nn.BatchNorm1d",
+    "batch_normalization": "use torch.nn.BatchNorm1d",
     "Dropout": "use torch.nn.Dropout",
+    "dropout": "use torch.nn.Dropout",
+    "Embedding": "use embcore.EmbeddingEngine (or torch.nn.Embedding for a small dense table)",
     "tf.keras.optimizers": "use torch.optim (SGD, Adagrad, Adam) for the dense model",
     # input pipelines
     "tf.data": (
         "input_fn may return any iterable of feature dicts or (features, labels) pairs: a "
-        "generator, a list or a torch DataLoader"
+        "generator, a list or a torch.utils.data.DataLoader"
     ),
     "tf.io": "read files with Python, NumPy or pyarrow; embcore.data reads Criteo TSV/Parquet",
-    "parse_example": "input_fn returns feature dicts directly; no tf.Example parsing",
-    # TPU system and cluster
-    "initialize_tpu_system": "not needed: embcore runs on this machine's CPU or GPU",
-    "cluster_resolver": (
-        "not needed: embcore runs on this machine; for several processes see "
-        "docs/sharding.md (torchrun)"
+    "parse_example": (
+        "input_fn returns feature dicts directly (no tf.Example parsing); "
+        "embcore.data.parquet.read_criteo_parquet reads Criteo Parquet rows"
     ),
-    "TPUClusterResolver": "not needed: embcore runs on this machine's CPU or GPU",
+    # TPU system and cluster
+    "initialize_tpu_system": "delete the call: embcore runs on torch.device('cpu') or 'cuda'",
+    "cluster_resolver": (
+        "delete it: embcore runs on this machine; for several processes see docs/sharding.md "
+        "(torch.distributed, started by torchrun)"
+    ),
     # metrics, summaries, logging
     "tf.compat.v1.metrics": (
-        "return per-example values in eval_metrics (the Estimator reports their mean); "
-        "embcore.train.metrics has auc and log_loss"
+        "return per-example values in eval_metrics (embcore.estimator.Estimator.evaluate reports "
+        "their mean); embcore.train.metrics.auc and log_loss compute AUC and log loss"
     ),
-    "tf.metrics": "return per-example values in eval_metrics (the Estimator reports their mean)",
+    "tf.metrics": (
+        "return per-example values in eval_metrics (embcore.estimator.Estimator.evaluate reports "
+        "their mean)"
+    ),
     "tf.summary": "use torch.utils.tensorboard.SummaryWriter",
-    "tf.compat.v1.logging": "use Python's logging module",
+    "tf.compat.v1.logging": "use Python's logging.getLogger",
     "tf.get_logger": "use logging.getLogger('embcore.estimator')",
     # optimizers embcore does not map
     "FtrlOptimizer": "use embcore.FTRL for the embedding tables; PyTorch has no dense FTRL",
     "RMSPropOptimizer": "use torch.optim.RMSprop",
     "AdadeltaOptimizer": "use torch.optim.Adadelta",
     "ProximalAdagradOptimizer": "use torch.optim.Adagrad",
-    "tf.estimator.LinearClassifier": "write the model as an nn.Module and use TPUEstimator",
-    "tf.estimator.DNNClassifier": "write the model as an nn.Module and use TPUEstimator",
-    "tf.estimator.train_and_evaluate": "call estimator.train(...) and estimator.evaluate(...)",
-    "tf.saved_model": "use Estimator.export / embcore export (safetensors and JSON)",
+    # Estimator pieces
+    "tf.estimator.LinearClassifier": (
+        "write the model as a torch.nn.Module (torch.nn.Linear over "
+        "embcore.feature_column.DenseFeatures) and use embcore.compat.tpu.PortedEstimator"
+    ),
+    "tf.estimator.DNNClassifier": (
+        "write the model as a torch.nn.Module (torch.nn.Sequential over "
+        "embcore.feature_column.DenseFeatures) and use embcore.compat.tpu.PortedEstimator"
+    ),
+    "tf.estimator.TrainSpec": (
+        "call embcore.estimator.Estimator.train(input_fn, max_steps=...) directly"
+    ),
+    "tf.estimator.EvalSpec": (
+        "call embcore.estimator.Estimator.evaluate(input_fn, steps=...) directly"
+    ),
+    "tf.estimator.train_and_evaluate": (
+        "call embcore.estimator.Estimator.train, then embcore.estimator.Estimator.evaluate"
+    ),
+    "tf.saved_model": (
+        "use embcore.estimator.Estimator.export (safetensors and JSON), or embcore.serving "
+        "for a torch.export program"
+    ),
 }
 
 
 def _hint(path: str) -> str:
+    """The hint for the full path, else for its last component, else for its longest
+    prefix (``tf.data.Dataset`` gets ``tf.data``'s)."""
     parts = path.split(".")
-    for i in range(len(parts), 0, -1):  # the longest matching prefix of the path
+    if path in HINTS:
+        return HINTS[path]
+    if parts[-1] in HINTS:
+        return HINTS[parts[-1]]
+    for i in range(len(parts) - 1, 0, -1):
         prefix = ".".join(parts[:i])
         if prefix in HINTS:
             return HINTS[prefix]
-    return HINTS.get(parts[-1], _TORCH)
+    return _UNKNOWN
 
 
 def not_provided(path: str) -> NotProvidedError:
     """The error for a TensorFlow name embcore does not provide."""
     return NotProvidedError(
         f"{path} is not provided by embcore (embcore.compat.tf covers TensorFlow's TPU "
-        f"embedding, feature-column and Estimator API; see docs/differences.md): {_hint(path)}"
+        f'embedding, feature-column and Estimator API; see docs/estimator.md, "Porting '
+        f'TPUEstimator code"): {_hint(path)}'
     )
 
 

@@ -9,11 +9,13 @@ raises :class:`~embcore.compat.namespace.NotProvidedError` saying what to use in
 * ``tf.tpu.experimental.{embedding_column, shared_embedding_columns, AdagradParameters,
   AdamParameters, FtrlParameters, StochasticGradientDescentParameters}``, and the same under
   ``tf.compat.v1.tpu.experimental``
-* ``tf.feature_column.{input_layer, numeric_column, embedding_column, categorical_column_with_*,
+* ``tf.feature_column.{input_layer, numeric_column, bucketized_column, crossed_column,
+  indicator_column, embedding_column, categorical_column_with_*,
   sequence_categorical_column_with_*, weighted_categorical_column, shared_embedding_columns}``
   (also under ``tf.compat.v1.feature_column``)
 * ``tf.keras.layers.DenseFeatures`` (also ``DenseFeature``)
-* ``tf.estimator.{ModeKeys, EstimatorSpec, RunConfig}``, ``tf.estimator.tpu.{TPUEstimator,
+* ``tf.estimator.{Estimator, ModeKeys, EstimatorSpec, RunConfig}`` (``Estimator`` is
+  :class:`~embcore.compat.tpu.PortedEstimator`), ``tf.estimator.tpu.{TPUEstimator,
   TPUEstimatorSpec, RunConfig, TPUConfig}``, ``tf.estimator.tpu.experimental.
   EmbeddingConfigSpec``, and the same under ``tf.compat.v1.estimator``
 * dense optimizers (``embcore.compat.dense``): ``tf.compat.v1.train.{GradientDescentOptimizer,
@@ -56,9 +58,13 @@ __all__ = [
     "function",
     "int32",
     "int64",
+    "io",
     "keras",
+    "layers",
+    "losses",
     "nn",
     "range",
+    "sparse",
     "string",
     "tpu",
     "train",
@@ -108,6 +114,9 @@ def _feature_column(path: str) -> Namespace:
         path,
         input_layer=_tpu.input_layer,
         numeric_column=_fc.numeric_column,
+        bucketized_column=_fc.bucketized_column,
+        crossed_column=_fc.crossed_column,
+        indicator_column=_fc.indicator_column,
         embedding_column=_fc.embedding_column,
         shared_embedding_columns=_fc.shared_embedding_columns,
         categorical_column_with_identity=_fc.categorical_column_with_identity,
@@ -139,6 +148,7 @@ def _estimator(path: str) -> Namespace:
     return Namespace(
         path,
         ModeKeys=ModeKeys,
+        Estimator=_tpu.PortedEstimator,
         EstimatorSpec=_tpu.estimator_spec,
         RunConfig=_tpu.RunConfig,
         tpu=Namespace(
@@ -187,6 +197,11 @@ distribute = Namespace(
 )
 train = _train("tf.train", Checkpoint=_rt.Checkpoint)
 nn = Namespace("tf.nn", embedding_lookup=_rt.embedding_lookup)
+# Namespaces that hold nothing, so that a name inside them says what to use instead.
+sparse = Namespace("tf.sparse")
+io = Namespace("tf.io")
+losses = Namespace("tf.losses")
+layers = Namespace("tf.layers")
 compat = Namespace(
     "tf.compat",
     v1=Namespace(
@@ -199,6 +214,8 @@ compat = Namespace(
         feature_column=_feature_column("tf.compat.v1.feature_column"),
         estimator=_estimator("tf.compat.v1.estimator"),
         train=_train("tf.compat.v1.train"),
+        layers=Namespace("tf.compat.v1.layers"),
+        losses=Namespace("tf.compat.v1.losses"),
         float32=float32,
         int64=int64,
         string=string,

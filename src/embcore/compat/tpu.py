@@ -12,6 +12,7 @@ TensorFlow                                         here
 ``tf.tpu.experimental.*Parameters``                ``embcore.feature_column`` parameter classes
 ``tf.estimator.tpu.experimental.EmbeddingConfigSpec``  :class:`EmbeddingConfigSpec`
 ``tf.estimator.tpu.TPUEstimator`` / ``...Spec``    :class:`TPUEstimator` / :func:`TPUEstimatorSpec`
+``tf.estimator.Estimator``                         :class:`PortedEstimator`
 ``tf.estimator.RunConfig`` / ``tpu.TPUConfig``      :class:`RunConfig` / :class:`TPUConfig`
 ``tpu_embedding.TableConfig`` / ``FeatureConfig``  :data:`tpu_embedding` (the v1 configs)
 =================================================  ===========================================
@@ -49,6 +50,7 @@ __all__ = [
     "EmbeddingConfigSpec",
     "FeatureConfig",
     "FtrlParameters",
+    "PortedEstimator",
     "RunConfig",
     "StochasticGradientDescentParameters",
     "TPUConfig",
@@ -386,3 +388,33 @@ class TPUEstimator(Estimator):
         if self._batch_sizes[mode] is not None:
             params["batch_size"] = self._batch_sizes[mode]
         return params
+
+
+class PortedEstimator(TPUEstimator):
+    """``tf.estimator.Estimator(model_fn, model_dir, config, params, warm_start_from)`` on
+    :class:`~embcore.estimator.Estimator` (through :class:`TPUEstimator`, without batch sizes).
+
+    TensorFlow's Estimator looks embedding columns up inside ``model_fn``; here the engine
+    looks them up before ``model_fn`` runs, so name them in ``embedding_config_spec`` (an
+    :class:`EmbeddingConfigSpec`, a keyword TensorFlow's Estimator does not have).
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[..., EstimatorSpec],
+        model_dir: str | None = None,
+        config: RunConfig | None = None,
+        params: Mapping[str, Any] | None = None,
+        warm_start_from: Any = None,
+        *,
+        embedding_config_spec: fc.EmbeddingConfigSpec | None = None,
+    ) -> None:
+        if warm_start_from is not None:
+            raise NotImplementedError(
+                "Estimator: warm_start_from is not supported; load a TensorFlow checkpoint's "
+                "tables with embcore.compat.tf_checkpoint.load_tf_checkpoint(estimator, path), "
+                "or point model_dir at an embcore model_dir to continue it"
+            )
+        super().__init__(
+            model_fn, model_dir, config, params, embedding_config_spec=embedding_config_spec
+        )

@@ -5,8 +5,11 @@ A Criteo row is a click label, 13 integer ("dense") features and 26 hashed categ
 :class:`Batch`, already preprocessed, so that the model never sees raw strings::
 
     dense   (B, 13) float32   log(1 + max(x, 0)), missing -> 0
-    sparse  (B, 26) int64     row ids in [0, vocab_sizes[f]), missing -> 0
+    sparse  (B, 26) int64     row ids in [0, vocab_sizes[f]), missing -> 0; or raw 64-bit
+                              ids, missing -> MISSING_KEY (:func:`categorical_keys`)
     labels  (B,)    float32   0.0 or 1.0 (NaN for unlabeled rows to score)
+
+Other sources (MovieLens) have other widths, described by a :class:`~embcore.data.layout.Layout`.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from torch import Tensor
 __all__ = [
     "CRITEO_CARDINALITIES",
     "DENSE_NAMES",
+    "MISSING_KEY",
     "NUM_DENSE",
     "NUM_SPARSE",
     "SPARSE_NAMES",
     "Batch",
     "capped_vocab_sizes",
     "categorical_ids",
+    "categorical_keys",
     "dense_transform",
     "rebatch",
 ]
@@ -83,6 +88,23 @@ def categorical_ids(raw: np.ndarray, vocab_sizes: Sequence[int]) -> np.ndarray:
     return np.where(raw < 0, 0, ids).astype(np.int64)
 
 
+#: The raw id of a missing categorical value: no hash is negative, so it is a key of its own.
+MISSING_KEY = -1
+
+
+def categorical_keys(raw: np.ndarray) -> np.ndarray:
+    """Raw categorical values as the 64-bit keys of dynamic tables (or of fixed tables that
+    fold them, ``data.raw_ids``): a hash ``h`` is the key ``h``, missing is :data:`MISSING_KEY`.
+
+    Args:
+        raw: ``(B, F) int64``, ``-1`` where missing.
+
+    Returns:
+        ``(B, F) int64`` keys.
+    """
+    return np.where(raw < 0, MISSING_KEY, raw).astype(np.int64)
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     """One preprocessed batch (shapes in the module docstring)."""
@@ -96,15 +118,18 @@ class Batch:
         if (
             self.labels.dim() != 1
             or self.labels.dtype != torch.float32
-            or tuple(self.dense.shape) != (b, NUM_DENSE)
+            or self.dense.dim() != 2
+            or self.dense.shape[0] != b
             or self.dense.dtype != torch.float32
-            or tuple(self.sparse.shape) != (b, NUM_SPARSE)
+            or self.sparse.dim() != 2
+            or self.sparse.shape[0] != b
             or self.sparse.dtype != torch.int64
         ):
             raise ValueError(
-                f"Batch: expected dense (B, {NUM_DENSE}) float32, sparse (B, {NUM_SPARSE}) int64 "
-                f"and labels (B,) float32, got dense {tuple(self.dense.shape)} {self.dense.dtype}, "
-                f"sparse {tuple(self.sparse.shape)} {self.sparse.dtype}, labels "
+                f"Batch: expected dense (B, D) float32, sparse (B, S) int64 and labels (B,) "
+                f"float32 (D = {NUM_DENSE}, S = {NUM_SPARSE} for Criteo rows), got dense "
+                f"{tuple(self.dense.shape)} {self.dense.dtype}, sparse "
+                f"{tuple(self.sparse.shape)} {self.sparse.dtype}, labels "
                 f"{tuple(self.labels.shape)} {self.labels.dtype}"
             )
 

@@ -9,7 +9,8 @@ or, for unlabeled rows to score (Kaggle ``test.txt``), the same without the labe
 
 Rows are preprocessed into :class:`~embcore.data.batch.Batch` as they are read: dense values by
 :func:`~embcore.data.batch.dense_transform`, hashes folded into the tables by
-:func:`~embcore.data.batch.categorical_ids`. Nothing is loaded whole.
+:func:`~embcore.data.batch.categorical_ids`, or kept as raw 64-bit keys
+(:func:`~embcore.data.batch.categorical_keys`, for dynamic tables). Nothing is loaded whole.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from embcore.data.batch import (
     NUM_SPARSE,
     Batch,
     categorical_ids,
+    categorical_keys,
     dense_transform,
     rebatch,
 )
 from embcore.errors import UserError, reading
 
-__all__ = ["open_text", "read_criteo_tsv"]
+__all__ = ["open_text", "read_criteo_tsv", "sparse_ids"]
 
 _COLUMNS = 1 + NUM_DENSE + NUM_SPARSE
 
@@ -123,7 +125,7 @@ def read_criteo_tsv(
     path: str | os.PathLike,
     *,
     batch_size: int,
-    vocab_sizes: Sequence[int],
+    vocab_sizes: Sequence[int] | None,
     skip_rows: int = 0,
     drop_last: bool = False,
     labeled: bool | None = True,
@@ -134,7 +136,8 @@ def read_criteo_tsv(
     Args:
         path: a ``.tsv``/``.txt`` file, or the same gzip-compressed (any name).
         batch_size: rows per batch; the last batch may be smaller unless ``drop_last``.
-        vocab_sizes: the 26 table sizes the hashes are folded into.
+        vocab_sizes: the 26 table sizes the hashes are folded into; None: no folding, the
+            hashes are the ids (raw 64-bit keys, missing -> ``MISSING_KEY``).
         skip_rows: rows to skip first (where a resumed run left off); blank lines are not rows.
         drop_last: drop a final batch smaller than ``batch_size``.
         labeled: rows start with a label (40 columns); False: no label (39 columns, labels
@@ -146,7 +149,7 @@ def read_criteo_tsv(
         UserError: the file cannot be read (missing, a directory, binary, truncated gzip) or
             has a malformed line, naming the file, the line number and the bad value.
     """
-    if len(vocab_sizes) != NUM_SPARSE:
+    if vocab_sizes is not None and len(vocab_sizes) != NUM_SPARSE:
         raise ValueError(
             f"read_criteo_tsv: vocab_sizes must have {NUM_SPARSE} entries, got {len(vocab_sizes)}"
         )
@@ -166,7 +169,7 @@ def read_criteo_tsv(
 def _stream(
     path: str | os.PathLike,
     batch_size: int,
-    vocab_sizes: Sequence[int],
+    vocab_sizes: Sequence[int] | None,
     skip_rows: int,
     labeled: bool | None,
     bad: BadRows,
@@ -216,6 +219,11 @@ def _well_formed(line: str, where: str, labeled: bool, bad: BadRows) -> bool:
     return True
 
 
-def _to_batch(parsed: tuple[np.ndarray, ...], vocab_sizes: Sequence[int]) -> Batch:
+def _to_batch(parsed: tuple[np.ndarray, ...], vocab_sizes: Sequence[int] | None) -> Batch:
     labels, dense, raw = parsed
-    return Batch.from_numpy(dense_transform(dense), categorical_ids(raw, vocab_sizes), labels)
+    return Batch.from_numpy(dense_transform(dense), sparse_ids(raw, vocab_sizes), labels)
+
+
+def sparse_ids(raw: np.ndarray, vocab_sizes: Sequence[int] | None) -> np.ndarray:
+    """Raw hashes as table rows (folded into ``vocab_sizes``) or, for None, as raw keys."""
+    return categorical_keys(raw) if vocab_sizes is None else categorical_ids(raw, vocab_sizes)

@@ -19,10 +19,10 @@ from embcore.data.batch import (
     NUM_SPARSE,
     SPARSE_NAMES,
     Batch,
-    categorical_ids,
     dense_transform,
     rebatch,
 )
+from embcore.data.criteo_tsv import sparse_ids
 from embcore.errors import UserError, reading
 
 __all__ = ["COLUMNS", "read_criteo_parquet"]
@@ -92,7 +92,7 @@ def read_criteo_parquet(
     path: str | os.PathLike,
     *,
     batch_size: int,
-    vocab_sizes: Sequence[int],
+    vocab_sizes: Sequence[int] | None,
     skip_rows: int = 0,
     drop_last: bool = False,
     bad_rows: BadRows | None = None,
@@ -105,7 +105,7 @@ def read_criteo_parquet(
             an unusable type, or a row is malformed (naming the file, row and column).
     """
     pa, pc, pq = _pyarrow()
-    if len(vocab_sizes) != NUM_SPARSE:
+    if vocab_sizes is not None and len(vocab_sizes) != NUM_SPARSE:
         raise ValueError(
             f"read_criteo_parquet: vocab_sizes must have {NUM_SPARSE} entries, got "
             f"{len(vocab_sizes)}"
@@ -138,7 +138,7 @@ def read_criteo_parquet(
                     continue
                 yield Batch.from_numpy(
                     dense_transform(dense[skip_here:]),
-                    categorical_ids(raw[skip_here:], vocab_sizes),
+                    sparse_ids(raw[skip_here:], vocab_sizes),
                     labels[skip_here:],
                 )
 

@@ -326,20 +326,25 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         grads: list[Any],
         whole: Tensor | None = None,
         missing: Callable[[list[str]], None] | None = None,
+        checked: bool = False,
     ) -> None:
         """The one path from a step's gradients to its update, for autograd, the compiled
         operator and ``apply_gradients``: each feature's gradient (``None``: zeros) checked
         and shaped to ``(S, dim) float32``; ``missing(names)`` told of the features without
-        one when all are valid; then one optimizer step of every table (or, pipelined, kept
+        one when all are valid (``checked``: they are ``(S_f, dim) float32`` already, slices of
+        ``whole``); then one optimizer step of every table (or, pipelined, kept
         until after the next lookup), once every rank agrees the gradients are valid and
         finite. The learning rates are read now, with the step's gradients
         (docs/semantics.md §3.13). ``whole``, when given, holds every gradient (a stacked
         one), checked in one contiguous pass."""
-        checked, error = check_gradients(self._features, self._tables, batches, grads, self.device)
+        if checked:  # (S_f, dim) float32 slices of one gradient autograd shaped
+            self._update(batches, grads, None, whole)
+            return
+        shaped, error = check_gradients(self._features, self._tables, batches, grads, self.device)
         none = [f.name for f, g in zip(self._features, grads, strict=True) if g is None]
         if missing is not None and none and error is None:
             missing(none)
-        self._update(batches, checked, error, whole)
+        self._update(batches, shaped, error, whole)
 
     def _update(
         self,

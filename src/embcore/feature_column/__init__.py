@@ -13,6 +13,7 @@ The TensorFlow feature-column API of the seed documents, on the embcore engine::
 See ``docs/feature_columns.md``.
 """
 
+from embcore.feature_column.bucketized import BucketizedColumn, bucketized_column
 from embcore.feature_column.categorical import (
     CategoricalColumn,
     HashedCategoricalColumn,
@@ -21,6 +22,7 @@ from embcore.feature_column.categorical import (
     categorical_column_with_identity,
 )
 from embcore.feature_column.config_spec import EmbeddingConfigSpec, V1FeatureConfig, V1TableConfig
+from embcore.feature_column.crossed import CrossedColumn, crossed_column
 from embcore.feature_column.dense_features import DenseFeatures, DenseFeaturesOutput
 from embcore.feature_column.embedding import (
     EmbeddingColumn,
@@ -29,6 +31,7 @@ from embcore.feature_column.embedding import (
     shared_embedding_columns,
 )
 from embcore.feature_column.hashing import fingerprint64
+from embcore.feature_column.indicator import IndicatorColumn, indicator_column
 from embcore.feature_column.lookup import EmbeddedFeatures, EmbeddingLookup
 from embcore.feature_column.numeric import NumericColumn, numeric_column
 from embcore.feature_column.parameters import (
@@ -56,7 +59,9 @@ from embcore.feature_column.wrappers import (
 __all__ = [
     "AdagradParameters",
     "AdamParameters",
+    "BucketizedColumn",
     "CategoricalColumn",
+    "CrossedColumn",
     "DenseFeatures",
     "DenseFeaturesOutput",
     "EmbeddedFeatures",
@@ -67,6 +72,7 @@ __all__ = [
     "FtrlParameters",
     "HashedCategoricalColumn",
     "IdentityCategoricalColumn",
+    "IndicatorColumn",
     "NumericColumn",
     "SequenceCategoricalColumn",
     "StochasticGradientDescentParameters",
@@ -75,12 +81,15 @@ __all__ = [
     "VocabularyFileCategoricalColumn",
     "VocabularyListCategoricalColumn",
     "WeightedCategoricalColumn",
+    "bucketized_column",
     "categorical_column_with_hash_bucket",
     "categorical_column_with_identity",
     "categorical_column_with_vocabulary_file",
     "categorical_column_with_vocabulary_list",
+    "crossed_column",
     "embedding_column",
     "fingerprint64",
+    "indicator_column",
     "numeric_column",
     "sequence_categorical_column_with_hash_bucket",
     "sequence_categorical_column_with_identity",

@@ -5,10 +5,12 @@ activations concatenated::
 
     DenseFeatures([video_embedding, query_embedding])(features)   # (B, dim_query + dim_video)
 
-``numeric_column`` features are concatenated in the same name order, as ``(B, prod(shape))``
-float32 values. With sequence columns the result is a :class:`DenseFeaturesOutput`: the
-concatenated pooled columns (``None`` if there are none), and per sequence column its
-``(B, L, dim)`` activations and ``(B,)`` lengths.
+Dense columns are concatenated in the same name order: ``numeric_column`` as ``(B,
+prod(shape))`` float32 values, ``indicator_column`` as ``(B, num_buckets)`` multi-hot values and
+``bucketized_column`` as ``(B, width * (len(boundaries) + 1))`` one-hot values. With sequence
+columns the result is a :class:`DenseFeaturesOutput`: the concatenated pooled columns (``None``
+if there are none), and per sequence column its ``(B, L, dim)`` activations and ``(B,)``
+lengths.
 
 Inside an :class:`~embcore.estimator.Estimator`'s ``model_fn`` the features arrive already
 looked up (:class:`EmbeddedFeatures`) and ``DenseFeatures`` only arranges them; on a raw
@@ -24,9 +26,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from embcore.feature_column.bucketized import BucketizedColumn
 from embcore.feature_column.embedding import EmbeddingColumn
+from embcore.feature_column.indicator import IndicatorColumn
 from embcore.feature_column.lookup import EmbeddedFeatures, EmbeddingLookup, OptimizerChoice
 from embcore.feature_column.numeric import NumericColumn
+
+#: Columns whose values DenseFeatures computes from the raw features (no table to look up).
+DENSE_COLUMNS = (NumericColumn, IndicatorColumn, BucketizedColumn)
+Column = EmbeddingColumn | NumericColumn | IndicatorColumn | BucketizedColumn
 
 __all__ = ["DenseFeatures", "DenseFeaturesOutput"]
 
@@ -49,36 +57,36 @@ class DenseFeatures(nn.Module):
     """Embedding columns as a module (see the module docstring).
 
     Args:
-        feature_columns: an embedding or numeric column, or a list of them.
+        feature_columns: an embedding, numeric, indicator or bucketized column, or a list of
+            them.
         optimizer: trains the engine tables when the module looks up raw features itself in
             training mode (``loss.backward()`` applies the update); ``None``: lookup only.
         seed: seeds the default initializers of the tables it creates.
         device: where those tables live.
 
     Raises:
-        TypeError: an element is neither an embedding nor a numeric column.
+        TypeError: an element is not one of those columns.
         ValueError: no columns, or two columns with one name.
     """
 
     def __init__(
         self,
-        feature_columns: EmbeddingColumn
-        | NumericColumn
-        | Sequence[EmbeddingColumn | NumericColumn],
+        feature_columns: Column | Sequence[Column],
         optimizer: OptimizerChoice = None,
         *,
         seed: int = 0,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(feature_columns, (EmbeddingColumn, NumericColumn)):
+        if isinstance(feature_columns, (EmbeddingColumn, *DENSE_COLUMNS)):
             feature_columns = [feature_columns]
         columns = list(feature_columns)
         for c in columns:
-            if not isinstance(c, (EmbeddingColumn, NumericColumn)):
+            if not isinstance(c, (EmbeddingColumn, *DENSE_COLUMNS)):
                 raise TypeError(
                     f"DenseFeatures: expected embedding columns (embedding_column, "
-                    f"shared_embedding_columns) or numeric_column, got {c!r}"
+                    f"shared_embedding_columns), numeric_column, indicator_column or "
+                    f"bucketized_column, got {c!r}"
                 )
         if not columns:
             raise ValueError("DenseFeatures: feature_columns must not be empty")
@@ -86,7 +94,7 @@ class DenseFeatures(nn.Module):
         if len(set(names)) != len(names):
             raise ValueError(f"DenseFeatures: duplicate columns in {names}")
         self.all_columns = tuple(sorted(columns, key=lambda c: c.name))
-        #: The embedding columns (numeric columns need no lookup).
+        #: The embedding columns (dense columns need no lookup).
         self.feature_columns = tuple(c for c in self.all_columns if isinstance(c, EmbeddingColumn))
         self._optimizer, self._seed, self._device = optimizer, seed, device
         self.lookup: EmbeddingLookup | None = None
@@ -119,9 +127,9 @@ class DenseFeatures(nn.Module):
         else:
             acts, lengths = {}, {}
         pooled = [
-            c.dense(features) if isinstance(c, NumericColumn) else acts[c.feature_key]
+            c.dense(features) if isinstance(c, DENSE_COLUMNS) else acts[c.feature_key]
             for c in self.all_columns
-            if isinstance(c, NumericColumn) or not c.is_sequence
+            if isinstance(c, DENSE_COLUMNS) or not c.is_sequence
         ]
         dense = torch.cat(pooled, dim=1) if pooled else None
         if not self.has_sequence_columns:

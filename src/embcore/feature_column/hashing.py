@@ -8,7 +8,10 @@ bucket is that modulo the number of buckets, exactly as ``tf.strings.to_hash_buc
 
 Integers are hashed through their decimal text (``-12`` hashes as ``"-12"``), as TensorFlow
 hashes integer features through ``as_string``; bytes are hashed as they are. A model ported
-from TensorFlow therefore puts every value in the same bucket as it did there. Batches are
+from TensorFlow therefore puts every value in the same bucket as it did there.
+
+``fingerprint_cat64(a, b)`` is TensorFlow's ``FingerprintCat64``, which chains the features of a
+crossed column into one 64-bit value (``embcore.feature_column.crossed``). Batches are
 hashed by the Numba kernels of ``embcore.ops.cpu.farmhash`` (no Python call per value). See
 docs/feature_columns.md, "The hash".
 """
@@ -25,7 +28,7 @@ from embcore.ops.cpu.farmhash import (
     fingerprint_separated,
 )
 
-__all__ = ["fingerprint64", "fingerprints", "hash_buckets"]
+__all__ = ["fingerprint64", "fingerprint_cat64", "fingerprints", "hash_buckets"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -135,3 +138,24 @@ def hash_buckets(values: Sequence[object] | np.ndarray, num_buckets: int) -> np.
     if not _is_int(num_buckets) or num_buckets < 1:
         raise ValueError(f"hash_buckets: num_buckets must be an int >= 1, got {num_buckets!r}")
     return (fingerprints(values) % np.uint64(num_buckets)).astype(np.int64)
+
+
+_CAT_MUL = np.uint64(0xC6A4A7935BD1E995)
+_SHIFT = np.uint64(47)
+
+
+def _shift_mix(x: np.ndarray) -> np.ndarray:
+    return x ^ (x >> _SHIFT)
+
+
+def fingerprint_cat64(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """TensorFlow's ``FingerprintCat64(first, second)`` element by element (``(N,) uint64``
+    each), arithmetic modulo 2**64::
+
+        r = first ^ K;  r ^= ShiftMix(second * K) * K;  r *= K
+        r = ShiftMix(ShiftMix(r) * K)         K = 0xc6a4a7935bd1e995, ShiftMix(x) = x ^ (x >> 47)
+    """
+    result = first ^ _CAT_MUL
+    result ^= _shift_mix(second * _CAT_MUL) * _CAT_MUL
+    result *= _CAT_MUL
+    return _shift_mix(_shift_mix(result) * _CAT_MUL)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from embcore._validate import describe
+from embcore.feature_column.bucketized import BucketizedColumn
 from embcore.feature_column.categorical import (
     CategoricalColumn,
     ColumnIds,
@@ -23,6 +24,7 @@ from embcore.feature_column.categorical import (
     check_key,
     get_feature,
 )
+from embcore.feature_column.crossed import crossed_column
 from embcore.feature_column.raw_inputs import to_ragged
 from embcore.feature_column.vocabulary import (
     categorical_column_with_vocabulary_file,
@@ -260,4 +262,11 @@ def categorical_column_from_config(config: Mapping[str, Any]) -> CategoricalColu
         return SequenceCategoricalColumn(
             categorical_column_from_config(config["categorical_column"])
         )
+    if kind == "bucketized":
+        return BucketizedColumn.from_config(config)
+    if kind == "crossed":
+        keys = [
+            k if isinstance(k, str) else categorical_column_from_config(k) for k in config["keys"]
+        ]
+        return crossed_column(keys, config["hash_bucket_size"], config["hash_key"])
     raise ValueError(f"categorical_column_from_config: unknown column type {kind!r}")

@@ -40,13 +40,19 @@ from safetensors.torch import load_file, save_file
 from embcore import _atomic
 from embcore._files import read_regular
 from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
-from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
 from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.train.bundle_dynamic import KEYS, dynamic_model
 from embcore.train.config import Config, check_resources
+from embcore.train.contract import (
+    input_contract,
+    layout_for,
+    missing_id,
+    source_gives_keys,
+    vocab_sizes_for,
+)
 from embcore.train.model import build_model
-from embcore.train.program import FORMATS, PROGRAM_FILES, SIGNATURE, load_program, write_programs
+from embcore.train.program import FORMATS, PROGRAM_FILES, load_program, write_programs
 from embcore.train.run_state import load_checkpoint
 
 __all__ = [
@@ -106,17 +112,26 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None,
     }
     for name, tensors in (("tables", tables), ("dense", dense)):
         save_file(tensors, out / f"{name}.safetensors", metadata={"format": _FORMAT})
-        os.chmod(out / f"{name}.safetensors", 0o644)  # safetensors writes 0600; bundles are shared
+        os.chmod(out / f"{name}.safetensors", _atomic.file_mode())  # safetensors writes 0600
     seconds = write_programs(model, out, fmt)
     programs = {f: name for f, name in PROGRAM_FILES.items() if (out / name).is_file()}
     for name in programs.values():
-        os.chmod(out / name, 0o644)
+        os.chmod(out / name, _atomic.file_mode())
     files = {name: sha256_file(out / name) for name in (*_TENSOR_FILES, *programs.values())}
+    inputs = input_contract(config, {t.name: t.vocabulary_size for t in engine.tables})
+    sparse = inputs["sparse"]
+    signature = {
+        "inputs": {
+            "dense": inputs["dense"]["shape"],
+            "sparse": f"{sparse['shape']}: {sparse['meaning']}",
+        },
+        "output": inputs["output"],
+    }
     manifest = {
         "format": _FORMAT,
         "version": _VERSION,
         "config": config.to_dict(),
-        "dense_features": list(DENSE_NAMES),
+        "dense_features": list(inputs["dense"]["columns"]),
         "sparse_features": list(model.sparse_names),
         "tables": {
             t.name: {
@@ -128,11 +143,12 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None,
             for t in engine.tables
         },
         "preprocessing": {
-            "dense": "log(1 + max(x, 0)); missing -> 0",
-            "categorical": "missing -> 0; hash h -> 1 + h % (vocabulary_size - 1)",
+            "dense": inputs["dense"]["transform"],
+            "categorical": f"value -> {sparse['id_from_value']}; missing -> {sparse['missing']}",
         },
+        "inputs": inputs,  # the whole contract (embcore.train.contract)
         **(extra or {}),
-        "programs": {f: {"file": name, **SIGNATURE} for f, name in programs.items()},
+        "programs": {f: {"file": name, **signature} for f, name in programs.items()},
         "program_seconds": {k: round(v, 3) for k, v in seconds.items()},
         "files_sha256": files,
     }
@@ -152,9 +168,14 @@ def checkpoint_model(checkpoint: str | os.PathLike) -> tuple[DLRM, Config, dict[
     checkpoint and final metrics."""
     tensors, meta = load_checkpoint(checkpoint)
     config = Config.from_dict(meta["config"])
-    vocab = capped_vocab_sizes(config.data.vocab_cap)
     model = build_model(
-        config.model, vocab, optimizer=None, seed=config.train.seed, raw_ids=config.data.raw_ids
+        config.model,
+        vocab_sizes_for(config),
+        optimizer=None,
+        seed=config.train.seed,
+        raw_ids=config.data.raw_ids,
+        layout=layout_for(config),
+        pad=missing_id(config),
     )
     state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
     # A lookup-only engine has no slots: keep the weights and the step, drop optimizer slots.
@@ -187,9 +208,14 @@ class ServingModel:
 
     @property
     def vocab_sizes(self) -> list[int]:
-        """How many ids each column of ``sparse`` (``SPARSE_NAMES``) takes from a data file:
-        the Criteo cardinalities capped at ``data.vocab_cap``, the sizes of fixed tables."""
-        return capped_vocab_sizes(self.config.data.vocab_cap)
+        """How many ids each feature takes from a data file: the Criteo cardinalities (or
+        MovieLens' table sizes) capped at ``data.vocab_cap``, the sizes of fixed tables."""
+        return vocab_sizes_for(self.config)
+
+    @property
+    def keys(self) -> bool:
+        """Whether the model takes raw 64-bit ids (unfolded) from a data file."""
+        return source_gives_keys(self.config)
 
     @torch.no_grad()
     def __call__(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -243,17 +269,26 @@ def load_bundle(
     config = Config.from_dict(manifest["config"])
     check_resources(config)  # a crafted config.json must not size the model past memory
     tables = load_file(root / "tables.safetensors")
+    layout = layout_for(config)
+    names = layout.sparse_names
     if config.model.tables == "dynamic":  # keys and rows: embcore's serving lookup
         model = dynamic_model(root, config, tables, manifest)
         _load_dense(root, model, load_file(root / "dense.safetensors"))
         return ServingModel(model, config, manifest)
-    if sorted(tables) != sorted(SPARSE_NAMES):
+    if sorted(tables) != sorted(names):
         raise ValueError(
-            f"{root}/tables.safetensors: expected tables {list(SPARSE_NAMES)}, got {sorted(tables)}"
+            f"{root}/tables.safetensors: expected tables {list(names)}, got {sorted(tables)}"
         )
-    vocab = [int(tables[name].shape[0]) for name in SPARSE_NAMES]
+    vocab = [int(tables[name].shape[0]) for name in names]
     model = build_model(
-        config.model, vocab, optimizer=None, seed=0, tables=tables, raw_ids=config.data.raw_ids
+        config.model,
+        vocab,
+        optimizer=None,
+        seed=0,
+        tables=tables,
+        raw_ids=config.data.raw_ids,
+        layout=layout,
+        pad=missing_id(config),
     )
     _load_dense(root, model, load_file(root / "dense.safetensors"))
     model.eval()

@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from embcore.data.batch import SPARSE_NAMES, capped_vocab_sizes
 from embcore.serving import serving_module
 from embcore.train.config import Config
+from embcore.train.contract import layout_for, missing_id, vocab_sizes_for
 from embcore.train.model import build_model
 
 __all__ = ["KEYS", "dynamic_model"]
@@ -35,7 +35,7 @@ def dynamic_model(
         root: the bundle directory (for messages).
         config: the run's config (``model.tables = "dynamic"``).
         tables: ``tables.safetensors``: ``{name: (R, dim) float32, name + ".keys": (R,) int64}``
-            for every feature of ``SPARSE_NAMES``.
+            for every sparse feature of the run's layout.
         manifest: ``config.json``: its ``tables`` entry records each table's ``rows``.
 
     Raises:
@@ -43,7 +43,9 @@ def dynamic_model(
             the table).
     """
     where = f"{root}/tables.safetensors"
-    want = sorted([*SPARSE_NAMES, *(f"{n}{KEYS}" for n in SPARSE_NAMES)])
+    layout = layout_for(config)
+    names = layout.sparse_names
+    want = sorted([*names, *(f"{n}{KEYS}" for n in names)])
     if sorted(tables) != want:
         missing = sorted(set(want) - set(tables))[:3]
         extra = sorted(set(tables) - set(want))[:3]
@@ -53,15 +55,17 @@ def dynamic_model(
         )
     model = build_model(
         config.model,
-        capped_vocab_sizes(config.data.vocab_cap),
+        vocab_sizes_for(config),
         optimizer=None,
         seed=0,
         raw_ids=config.data.raw_ids,
+        layout=layout,
+        pad=missing_id(config),
     )
     served = serving_module(model)
     lookup: Any = served.engine
     recorded = manifest.get("tables", {})
-    for name in SPARSE_NAMES:
+    for name in names:
         keys, rows = tables[f"{name}{KEYS}"], tables[name]
         entry = recorded.get(name)
         if not isinstance(entry, dict) or entry.get("rows") != int(keys.shape[0]):

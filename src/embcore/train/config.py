@@ -3,7 +3,7 @@
 A file holds any subset of the sections; every key not given keeps its default::
 
     [data]                  # where rows come from
-    source = "synthetic"    # or "criteo_tsv", "parquet"
+    source = "synthetic"    # or "criteo_tsv", "parquet", "movielens"
     [model]                 # DLRM sizes
     [optim]                 # embedding and dense optimizers
     [train]                 # steps, evaluation, checkpoints, output
@@ -27,6 +27,8 @@ from typing import Any
 from embcore.errors import UserError, reading
 
 __all__ = [
+    "LOCATION_ONLY",
+    "RESUMABLE_CHANGES",
     "Config",
     "DataConfig",
     "ModelConfig",
@@ -37,7 +39,7 @@ __all__ = [
     "parse_override",
 ]
 
-SOURCES = ("synthetic", "criteo_tsv", "parquet")
+SOURCES = ("synthetic", "criteo_tsv", "parquet", "movielens")
 INTERACTION_NAMES = ("dot", "dcn")
 EMBEDDING_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sgd")
 
@@ -102,11 +104,13 @@ class DataConfig(_Section):
     """Where rows come from.
 
     Attributes:
-        source: ``synthetic`` (built in), ``criteo_tsv`` or ``parquet`` (files).
-        path: the training file of a file source.
-        eval_path: the held-out file of a file source (required there).
-        eval_rows: held-out rows: the synthetic eval set's size; for files, the first rows of
-            ``eval_path`` to use (0: all).
+        source: ``synthetic`` (built in), ``criteo_tsv`` or ``parquet`` (files), ``movielens``
+            (a directory in GroupLens' ml-100k layout: docs/main_job.md, "MovieLens").
+        path: the training file of a file source; the directory of ``movielens``.
+        eval_path: the held-out file of a file source (required there; not for movielens,
+            whose last 20% of ratings are held out).
+        eval_rows: held-out rows: the synthetic eval set's size; for files and movielens, the
+            first held-out rows to use (0: all).
         batch_size: rows per training step.
         vocab_cap: tables have ``min(Criteo cardinality, vocab_cap)`` rows.
         seed: the synthetic source's seed (its hidden model and every row).
@@ -115,13 +119,15 @@ class DataConfig(_Section):
         bad_rows: what a malformed row of a file source does: ``raise`` (stop, naming the file
             and line) or ``skip`` (count it, report the count at the end and in
             ``summary.json``).
-        raw_ids: the synthetic source gives raw 64-bit ids (each id mixed through a 64-bit
-            hash) instead of table rows: fixed tables fold them into their rows, dynamic
-            tables (``model.tables = "dynamic"``) key them directly.
+        raw_ids: every source gives its categorical values as raw 64-bit ids, unfolded (files:
+            the hashes; movielens: its keys; synthetic: each id mixed through a 64-bit hash):
+            fixed tables fold them as ``id mod rows``. Dynamic tables
+            (``model.tables = "dynamic"``) always key the raw ids, never folded
+            (:mod:`embcore.train.contract`).
     """
 
     _name = "data"
-    source: typing.Literal["synthetic", "criteo_tsv", "parquet"] = "synthetic"
+    source: typing.Literal["synthetic", "criteo_tsv", "parquet", "movielens"] = "synthetic"
     path: str = ""
     eval_path: str = ""
     eval_rows: int = 65_536
@@ -140,10 +146,10 @@ class DataConfig(_Section):
         self._require(self.seed >= 0, "seed", "an int >= 0")
         self._require(self.zipf_a > 1.0, "zipf_a", "a number > 1")
         self._require(self.hot_ids > 0, "hot_ids", "a number > 0")
-        if self.raw_ids:
-            self._require(self.source == "synthetic", "raw_ids", "false for file sources")
         if self.source == "synthetic":
             self._require(self.eval_rows >= 1, "eval_rows", "an int >= 1 for synthetic data")
+        elif self.source == "movielens":
+            self._require(bool(self.path), "path", "a directory for source='movielens'")
         else:
             for name in ("path", "eval_path"):
                 self._require(
@@ -234,6 +240,10 @@ class RunConfig(_Section):
 
     Attributes:
         steps: training steps.
+        epochs: passes over a finite data set (``data.source = "movielens"``): the run trains
+            ``epochs`` times its batches per epoch, reshuffled each epoch, and evaluates after
+            each epoch, whatever ``steps`` and ``eval_every`` say; 0: 4 for movielens.
+            Other sources stream without end: ``steps`` decides.
         eval_every: evaluate on the held-out rows every this many steps (and at the end).
         log_every: one point of the training-loss curve per this many steps.
         checkpoint_every: write a checkpoint every this many steps (and at the end).
@@ -254,6 +264,7 @@ class RunConfig(_Section):
 
     _name = "train"
     steps: int = 1000
+    epochs: int = 0
     eval_every: int = 200
     log_every: int = 20
     checkpoint_every: int = 250
@@ -269,6 +280,7 @@ class RunConfig(_Section):
     def _check(self) -> None:
         for name in ("steps", "eval_every", "log_every", "checkpoint_every", "keep_checkpoints"):
             self._require(getattr(self, name) >= 1, name, "an int >= 1")
+        self._require(self.epochs >= 0, "epochs", "an int >= 0")
         self._require(bool(self.out_dir), "out_dir", "a directory path")
         self._require(self.seed >= 0, "seed", "an int >= 0")
         self._require(self.threads >= 0, "threads", "an int >= 0")
@@ -285,12 +297,18 @@ _SECTIONS: dict[str, type[_Section]] = {
 #: change what is computed, only how long it runs and what is shown or kept.
 RESUMABLE_CHANGES = (
     "train.steps",
+    "train.epochs",
     "train.progress",
     "train.plot",
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.threads",
 )
+
+#: Keys that say where a run's files are, not what the run computes: a run resumed from another
+#: working directory, moved to another disk or copied to branch from it is the same run. A
+#: changed data path is trusted to hold the same rows (the resumed run says so).
+LOCATION_ONLY = ("train.out_dir", "data.path", "data.eval_path")
 
 
 @dataclass(frozen=True, kw_only=True)

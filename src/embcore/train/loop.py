@@ -31,7 +31,9 @@ import embcore as ec
 from embcore._atomic import write_atomic
 from embcore.errors import UserError, reading
 from embcore.models import DLRM
-from embcore.train.config import RESUMABLE_CHANGES, Config, check_resources
+from embcore.train.bag_model import engine_inputs
+from embcore.train.config import Config, check_resources
+from embcore.train.contract import describe_ids, id_mode, missing_id
 from embcore.train.metrics import auc, log_loss
 from embcore.train.model import (
     build_model,
@@ -42,6 +44,7 @@ from embcore.train.model import (
 )
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
+from embcore.train.resume import check_resumable
 from embcore.train.run_dir import RunDirectory
 from embcore.train.run_state import (
     checkpoint_path,
@@ -52,7 +55,7 @@ from embcore.train.run_state import (
     prune_checkpoints,
     save_checkpoint,
 )
-from embcore.train.sources import EvalSet, build_source
+from embcore.train.sources import EvalSet, run_source
 
 __all__ = ["Interrupted", "RunState", "TrainResult", "evaluate", "train"]
 
@@ -154,17 +157,13 @@ def _save(
     return path
 
 
-def _restore(cfg: Config, model: DLRM, optimizer: torch.optim.Optimizer, path: Path) -> RunState:
+def _restore(
+    cfg: Config, model: DLRM, optimizer: torch.optim.Optimizer, path: Path, echo: Echo
+) -> RunState:
     with reading(path, "an embcore training checkpoint"):
         tensors, meta = load_checkpoint(path)
         saved = Config.from_dict(meta["config"])
-    changed = [k for k in cfg.differences(saved) if k not in RESUMABLE_CHANGES]
-    if changed:
-        raise UserError(
-            f"--resume: the config differs from checkpoint {path} in {changed}; only "
-            f"{list(RESUMABLE_CHANGES)} may change when resuming (or start afresh without "
-            "--resume)"
-        )
+    check_resumable(cfg, saved, path, echo)
     if meta["step"] > cfg.train.steps:
         raise UserError(
             f"--resume: checkpoint {path} is at step {meta['step']}, past train.steps="
@@ -209,15 +208,16 @@ def train(
         torch.set_num_threads(config.train.threads)
     # The run's global RNG starts from train.seed (torch seeds each process at random) and is
     # saved in checkpoints; the caller's RNG state is left as it was.
+    run_dir = RunDirectory(config.train.out_dir, resume=resume, overwrite=overwrite)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.train.seed)
-            return _train(
-                config,
-                RunDirectory(config.train.out_dir, resume=resume, overwrite=overwrite),
-                stop_at,
-                echo,
-            )
+            return _train(config, run_dir, stop_at, echo)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # Ctrl-C while setting up (reading data, building the model)
+        newest = latest_checkpoint(run_dir.checkpoints)
+        raise Interrupted(_interrupted(None, newest, run_dir.kept_run())) from None
     finally:
         torch.set_num_threads(threads)
 
@@ -225,7 +225,8 @@ def train(
 def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) -> TrainResult:
     run_dir.check()
     check_resources(cfg)
-    source = build_source(cfg.data)
+    source = run_source(cfg)
+    cfg = source.run_config(cfg)  # a finite source (movielens) sets the steps from its epochs
     eval_set = source.eval_set()  # read (and checked) before anything is written
     model = build_model(
         cfg.model,
@@ -234,18 +235,21 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         seed=cfg.train.seed,
         engine_options={"pipeline": cfg.train.pipeline},
         raw_ids=cfg.data.raw_ids,
+        layout=source.layout,
+        pad=missing_id(cfg),
     )
     optimizer = dense_optimizer(model, cfg.optim)
     forward = compiled(model) if cfg.train.compile else model
     found = run_dir.open(echo)
     state = RunState()
     if found is not None:
-        state = _restore(cfg, model, optimizer, found)
+        state = _restore(cfg, model, optimizer, found, echo)
         echo(f"resuming from {found} (step {state.step:,})")
     resumed_from = state.step
 
     labels = eval_set.labels
     echo(f"data: {source.describe()}; {eval_set.rows:,} held-out rows")
+    echo(describe_ids(cfg))
     rows = (
         "dynamic tables (a row per id seen)"
         if cfg.model.tables == "dynamic"
@@ -267,7 +271,9 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
     last = cfg.train.steps if stop_at is None else min(stop_at, cfg.train.steps)
     batches = itertools.islice(source.train_batches(state.step), max(last - state.step, 0))
     prefetch = ec.Prefetcher(
-        model.engine, batches, split=lambda b: ((b.dense, b.labels), model.features(b.sparse))
+        model.engine,
+        batches,
+        split=lambda b: ((b.dense, b.labels), *engine_inputs(model, b.sparse)),
     )
     bar = progress(cfg.train.progress, cfg.train.steps, state.step, cfg.data.batch_size, echo=echo)
     log = bar.write if bar is not None else echo
@@ -309,7 +315,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         # What is on disk, not what this loop last heard of: Ctrl-C may land inside a save,
         # after its checkpoint was published.
         newest = latest_checkpoint(run_dir.checkpoints)
-        raise Interrupted(_interrupted(state.step, newest)) from None
+        raise Interrupted(_interrupted(state.step, newest, run_dir.kept_run())) from None
     finally:
         prefetch.close()
         if bar is not None:
@@ -368,15 +374,26 @@ def _since(tick: float) -> float:
     return time.perf_counter() - tick
 
 
-def _interrupted(step: int, checkpoint: Path | None) -> str:
-    if checkpoint is None:
+def _interrupted(step: int | None, checkpoint: Path | None, kept: Path | None) -> str:
+    """What Ctrl-C at ``step`` (``None``: before the first step) leaves: this run's newest
+    checkpoint, or the earlier run an ``--overwrite`` was replacing (``kept``), or nothing."""
+    at = "before the first step" if step is None else f"at step {step:,}"
+    if kept is not None:
         return (
-            f"interrupted at step {step:,}, before the first checkpoint: nothing to resume; "
-            "run the same command again to start over"
+            f"interrupted {at}, before this run's first checkpoint; the earlier run it was "
+            f"replacing is kept in {kept.parent} (newest {kept.name}): add --resume to "
+            "continue that run, or run the same command again to start over"
         )
+    if checkpoint is not None:
+        return (
+            f"interrupted {at}; the newest checkpoint is {checkpoint}: add --resume to the "
+            "same command to continue from it"
+        )
+    if step is None:
+        return f"interrupted {at}; nothing was written: run the same command again to start"
     return (
-        f"interrupted at step {step:,}; the newest checkpoint is {checkpoint}: add --resume "
-        "to the same command to continue from it"
+        f"interrupted {at}, before the first checkpoint: nothing to resume; "
+        "run the same command again to start over"
     )
 
 
@@ -394,6 +411,7 @@ def _write_outputs(result: TrainResult, echo: Echo) -> None:
         "checkpoint": str(result.checkpoint),
         "skipped_rows": result.skipped_rows,
         "embedding_rows": embedding_rows(result.model),
+        "ids": id_mode(result.config),
     }
     write_atomic(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
     write_atomic(out / "history.json", (json.dumps(result.history, indent=2) + "\n").encode())

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 import embcore as ec
-from embcore.data.batch import NUM_DENSE, SPARSE_NAMES
+from embcore.data.layout import CRITEO_LAYOUT, Layout
 from embcore.errors import UserError
 from embcore.models import DLRM, CrossInteraction, DotInteraction
 from embcore.train.config import ModelConfig, OptimConfig
@@ -142,12 +142,14 @@ def build_model(
     tables: dict[str, Tensor] | None = None,
     engine_options: Mapping[str, Any] | None = None,
     raw_ids: bool = False,
+    layout: Layout = CRITEO_LAYOUT,
+    pad: int = 0,
 ) -> DLRM:
     """The DLRM of ``cfg`` with one table per categorical feature.
 
     Args:
         cfg: the ``[model]`` section.
-        vocab_sizes: one table size per feature of ``SPARSE_NAMES``.
+        vocab_sizes: one table size per feature of ``layout.sparse_names``.
         optimizer: the engine's optimizer (``None``: lookup-only, for serving).
         seed: seeds the dense weights and the tables' initial values; the global RNG is left
             as it was.
@@ -156,14 +158,21 @@ def build_model(
             (``pipeline``, ``profile_data_directory``, ...).
         raw_ids: the ids are raw 64-bit values (``data.raw_ids``): fixed tables fold them
             (:class:`FoldedDLRM`); dynamic tables take them as they are.
+        layout: the columns of the input (default Criteo's); one with bags gives a
+            :class:`~embcore.train.bag_model.LayoutDLRM`, whose bag tables (combiner "mean",
+            the default) average their rows.
+        pad: the bags' padding id (the source's missing id).
     """
+    from embcore.train.bag_model import LayoutDLRM  # it builds on this module's DLRM
+
+    names = layout.sparse_names
     if tables is not None and cfg.tables == "dynamic":
         raise UserError(
             'model.tables = "dynamic": starting rows for dynamic tables cannot be given as '
             "fixed-size tensors (a serving bundle of dynamic tables holds keys and rows)"
         )
     features = {}
-    for name, vocab in zip(SPARSE_NAMES, vocab_sizes, strict=True):
+    for name, vocab in zip(names, vocab_sizes, strict=True):
         init = (
             FixedRows(tables[name])
             if tables is not None
@@ -176,19 +185,24 @@ def build_model(
             features, optimizer=optimizer, seed=seed, **dict(engine_options or {})
         )
         if cfg.interaction == "dot":
-            interaction: torch.nn.Module = DotInteraction(len(SPARSE_NAMES), cfg.embedding_dim)
+            interaction: torch.nn.Module = DotInteraction(len(names), cfg.embedding_dim)
         else:
             interaction = CrossInteraction(
-                len(SPARSE_NAMES), cfg.embedding_dim, layers=cfg.dcn_layers, rank=cfg.dcn_rank
+                len(names), cfg.embedding_dim, layers=cfg.dcn_layers, rank=cfg.dcn_rank
             )
         parts = {
             "engine": engine,
-            "sparse_names": SPARSE_NAMES,
-            "num_dense": NUM_DENSE,
+            "sparse_names": names,
+            "num_dense": len(layout.dense_names),
             "bottom": cfg.bottom_mlp,
             "top": cfg.top_mlp,
             "interaction": interaction,
         }
-        if raw_ids and cfg.tables == "fixed":
+        fold = raw_ids and cfg.tables == "fixed"
+        if layout.bags:
+            return LayoutDLRM(
+                widths=layout.widths, pad=pad, fold=vocab_sizes if fold else None, **parts
+            )
+        if fold:
             return FoldedDLRM(rows=vocab_sizes, **parts)
         return DLRM(**parts)

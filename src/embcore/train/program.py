@@ -1,9 +1,11 @@
 """The serving bundle's programs: the DLRM exported with ``torch.export`` (``model.pt2``) and,
 optionally, compiled ahead of time by AOTInductor (``model.aoti.pt2``).
 
-Both take ``(dense (B, 13) float32, sparse (B, 26) int64)`` preprocessed rows and return
-``(B,) float32`` click logits, for any ``B``, with PyTorch alone: no embcore, no Numba. See
-docs/main_job.md ("Serving without embcore") and docs/serving.md.
+Both take ``(dense (B, D) float32, sparse (B, S) int64)`` preprocessed rows (Criteo: 13 and 26
+columns) and return ``(B,) float32`` click logits, for any ``B``, with PyTorch alone: no
+embcore, no Numba. The bundle's ``config.json`` says what the ids are
+(:mod:`embcore.train.contract`). See docs/main_job.md ("Serving without embcore") and
+docs/serving.md.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import torch
 from torch import Tensor
 from torch.export import Dim, ExportedProgram
 
-from embcore.data.batch import NUM_DENSE, SPARSE_NAMES
 from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.serving import compile_package, export, save_program
@@ -28,16 +29,6 @@ __all__ = ["FORMATS", "PROGRAM_FILES", "load_program", "write_programs"]
 PROGRAM_FILES: dict[str, str] = {"pt2": "model.pt2", "aoti": "model.aoti.pt2"}
 FORMATS: tuple[str, ...] = ("safetensors", *PROGRAM_FILES)
 
-#: what the programs take and return, recorded in the bundle's manifest
-SIGNATURE = {
-    "inputs": {
-        "dense": f"(B, {NUM_DENSE}) float32: log(1 + max(x, 0)) of the count features",
-        "sparse": f"(B, {len(SPARSE_NAMES)}) int64: ids in [0, vocabulary_size) per column "
-        "of sparse_features",
-    },
-    "output": "(B,) float32 click logits",
-}
-
 
 def write_programs(model: DLRM, out: Path, fmt: str) -> dict[str, float]:
     """Write the program files of ``fmt`` (``"pt2"``: ``model.pt2``; ``"aoti"``: both) into
@@ -46,8 +37,9 @@ def write_programs(model: DLRM, out: Path, fmt: str) -> dict[str, float]:
     if fmt == "safetensors":
         return seconds
     start = time.perf_counter()
-    dense = torch.zeros(2, NUM_DENSE, dtype=torch.float32)  # example rows; B stays symbolic
-    sparse = torch.zeros(2, len(model.sparse_names), dtype=torch.int64)
+    columns = sum(getattr(model, "widths", (1,) * len(model.sparse_names)))  # bags: several
+    dense = torch.zeros(2, model.bottom[0].in_features)  # example rows; B stays symbolic
+    sparse = torch.zeros(2, columns, dtype=torch.int64)
     batch = Dim("batch", min=0)
     program = export(model, (dense, sparse), dynamic_shapes=({0: batch}, {0: batch}))
     seconds["export"] = time.perf_counter() - start

@@ -32,8 +32,12 @@ def summary_table(config: Config, summary: dict[str, Any], out: Path) -> str:
                 text += f"   best reachable {best[key]:.4f}, gap {gap:.4f}"
             rows.append((name, text))
     if "embedding_rows" in summary:
+        ids = f", ids: {summary['ids']}" if "ids" in summary else ""
         rows.append(
-            ("embedding rows", f"{summary['embedding_rows']:,} ({config.model.tables} tables)")
+            (
+                "embedding rows",
+                f"{summary['embedding_rows']:,} ({config.model.tables} tables{ids})",
+            )
         )
     rows.append(("checkpoint", summary["checkpoint"]))
     rows.append(("curves", str(out / "curves.png") if config.train.plot else "off"))

@@ -6,8 +6,12 @@ with them (docs/main_job.md, "Reruns"):
 * ``--resume``: continue from the newest checkpoint in ``out_dir/checkpoints``;
 * ``--overwrite``: start at step 0 and replace the earlier run, whose checkpoints are moved
   aside to ``out_dir/checkpoints.replaced`` (a rename, nothing is deleted) and deleted only
-  once the new run has published its own first checkpoint. A new run that fails before that
-  leaves the earlier checkpoints where ``--resume`` hints at them.
+  once the new run has published its own first checkpoint. A new run that stops before that
+  (Ctrl-C, a crash) leaves the earlier run there, and ``--resume`` continues it: its
+  checkpoints move back to ``out_dir/checkpoints``.
+
+Every message about an earlier run (the refusal, Ctrl-C, ``--resume``) says where its
+checkpoints are and which flag does what with them.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ class RunDirectory:
         found = latest_checkpoint(self.checkpoints)
         if found is not None:
             what = f"{len(list_checkpoints(self.checkpoints))} checkpoint(s), the newest {found}"
+        elif (kept := self.kept_run()) is not None:
+            what = (
+                f"the run an interrupted --overwrite was replacing (kept in {self.replaced}, "
+                f"newest {kept.name})"
+            )
         else:
             first = next(p for p in sorted(self.root.rglob("*")) if p.is_file())
             what = f"files ({first.relative_to(self.root)}, ...)"
@@ -68,6 +77,13 @@ class RunDirectory:
             f"[train] out_dir {self.root} already holds {what}; continue that run with "
             "--resume, replace it with --overwrite, or choose another --set train.out_dir="
         )
+
+    def kept_run(self) -> Path | None:
+        """The newest checkpoint of a run that an unfinished ``--overwrite`` set aside, if
+        this directory has no checkpoint of its own (else ``None``)."""
+        if latest_checkpoint(self.checkpoints) is not None:
+            return None
+        return latest_checkpoint(self.replaced)
 
     def open(self, echo: Callable[[str], None]) -> Path | None:
         """Apply the policy once the run's inputs are checked; the checkpoint to resume from.
@@ -78,14 +94,20 @@ class RunDirectory:
         self.check()
         found = latest_checkpoint(self.checkpoints)
         if self.resume:
-            if found is None:
-                hint = ""
-                if latest_checkpoint(self.replaced) is not None:
-                    hint = (
-                        f" (the run replaced by --overwrite is in {self.replaced}; move it back "
-                        "to checkpoints/ to resume it)"
-                    )
-                echo(f"--resume: no checkpoint in {self.checkpoints}, starting at step 0{hint}")
+            if found is None and self.kept_run() is not None:
+                # An --overwrite stopped before its first checkpoint: continue the run it was
+                # replacing (leftovers in checkpoints/ are torn temporary files, never a
+                # complete checkpoint).
+                if self.checkpoints.exists():
+                    shutil.rmtree(self.checkpoints)
+                os.replace(self.replaced, self.checkpoints)
+                found = latest_checkpoint(self.checkpoints)
+                echo(
+                    f"--resume: continuing the run an interrupted --overwrite had set aside "
+                    f"(moved back from {self.replaced} to {self.checkpoints})"
+                )
+            elif found is None:
+                echo(f"--resume: no checkpoint in {self.checkpoints}, starting at step 0")
             return found
         if self.overwrite and self._holds_files():
             if found is not None:

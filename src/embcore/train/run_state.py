@@ -88,7 +88,7 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, Tensor], meta: d
         {"header": hashlib.sha256(header.encode()).hexdigest(), "tensors": tensor_digests(data)}
     )
     metadata = {"embcore": header, _CHECKS: json.dumps(checks)}
-    return _atomic.write_atomic(path, save(data, metadata=metadata), mode=0o600)
+    return _atomic.write_atomic(path, save(data, metadata=metadata))
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any]]:

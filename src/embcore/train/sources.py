@@ -5,7 +5,10 @@ run resumed at step ``i`` reads exactly the rows an uninterrupted run would:
 
 * synthetic: batch ``i`` of :class:`~embcore.data.synthetic.SyntheticCriteo`'s train split;
   with ``data.raw_ids`` its ids mixed into raw 64-bit ids (:func:`raw_ids`);
-* files: rows ``[i B, (i + 1) B)`` of the training file read in a loop (epoch after epoch).
+* files: rows ``[i B, (i + 1) B)`` of the training file read in a loop (epoch after epoch),
+  their hashes folded into the fixed tables or, for dynamic tables and ``data.raw_ids``, as
+  raw 64-bit keys (:mod:`embcore.train.contract`);
+* movielens: :mod:`embcore.train.movielens_source` (finite: epochs).
 """
 
 from __future__ import annotations
@@ -22,12 +25,21 @@ import torch
 from embcore.data.bad_rows import BadRows
 from embcore.data.batch import Batch, capped_vocab_sizes, rebatch
 from embcore.data.criteo_tsv import open_text, read_criteo_tsv
+from embcore.data.layout import CRITEO_LAYOUT, Layout
 from embcore.data.parquet import read_criteo_parquet
 from embcore.data.synthetic import SyntheticCriteo
 from embcore.errors import UserError, reading
-from embcore.train.config import DataConfig
+from embcore.train.config import Config, DataConfig
 
-__all__ = ["EvalSet", "FileSource", "Source", "SyntheticSource", "build_source", "raw_ids"]
+__all__ = [
+    "EvalSet",
+    "FileSource",
+    "Source",
+    "SyntheticSource",
+    "build_source",
+    "raw_ids",
+    "run_source",
+]
 
 #: Rows per forward pass when scoring held-out data.
 EVAL_BATCH = 8192
@@ -53,6 +65,7 @@ class Source(abc.ABC):
     """What the training loop reads."""
 
     vocab_sizes: list[int]
+    layout: Layout = CRITEO_LAYOUT
 
     @abc.abstractmethod
     def train_batches(self, start_step: int) -> Iterator[Batch]:
@@ -69,6 +82,10 @@ class Source(abc.ABC):
     def skipped_rows(self) -> dict[str, int]:
         """Malformed rows skipped so far per file (``data.bad_rows = "skip"``)."""
         return {}
+
+    def run_config(self, config: Config) -> Config:
+        """The config the run uses: ``config`` itself, but a finite source sets the steps."""
+        return config
 
 
 def raw_ids(sparse: np.ndarray) -> np.ndarray:
@@ -128,7 +145,15 @@ def _count_parquet_rows(path: str) -> int:
 
 
 class FileSource(Source):
-    def __init__(self, cfg: DataConfig, reader: Reader, count_rows: Callable[[str], int]) -> None:
+    """Criteo TSV or Parquet files; ``keys``: hand the hashes over as raw 64-bit keys."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        reader: Reader,
+        count_rows: Callable[[str], int],
+        keys: bool = False,
+    ) -> None:
         for name in ("path", "eval_path"):
             where = getattr(cfg, name)
             if not os.path.exists(where):
@@ -139,6 +164,7 @@ class FileSource(Source):
         self.reader = reader
         self.count_rows = count_rows
         self.vocab_sizes = capped_vocab_sizes(cfg.vocab_cap)
+        self.keys = keys
         skip = cfg.bad_rows == "skip"
         self.bad = {cfg.path: BadRows(skip), cfg.eval_path: BadRows(skip)}
 
@@ -149,7 +175,7 @@ class FileSource(Source):
         return self.reader(
             path,
             batch_size=self.cfg.batch_size,
-            vocab_sizes=self.vocab_sizes,
+            vocab_sizes=None if self.keys else self.vocab_sizes,
             skip_rows=skip_rows,
             bad_rows=self.bad[path],
         )
@@ -196,10 +222,28 @@ class FileSource(Source):
         return f"{self.cfg.source} file {self.cfg.path} (held out: {self.cfg.eval_path})"
 
 
-def build_source(cfg: DataConfig) -> Source:
-    """The source named by ``cfg.source``."""
+def build_source(cfg: DataConfig, *, keys: bool = False) -> Source:
+    """The source named by ``cfg.source``; ``keys``: a file source hands raw 64-bit keys over
+    (for a whole run, :func:`run_source` decides)."""
     if cfg.source == "synthetic":
         return SyntheticSource(cfg)
+    if cfg.source == "movielens":
+        from embcore.data.movielens import TABLE_ROWS
+        from embcore.train.movielens_source import MovieLensSource
+
+        vocab = capped_vocab_sizes(cfg.vocab_cap, TABLE_ROWS)
+        return MovieLensSource(cfg, keys=keys or cfg.raw_ids, vocab_sizes=vocab)
     if cfg.source == "criteo_tsv":
-        return FileSource(cfg, read_criteo_tsv, _count_tsv_rows)
-    return FileSource(cfg, read_criteo_parquet, _count_parquet_rows)
+        return FileSource(cfg, read_criteo_tsv, _count_tsv_rows, keys)
+    return FileSource(cfg, read_criteo_parquet, _count_parquet_rows, keys)
+
+
+def run_source(config: Config) -> Source:
+    """The source of a run: its ids in the run's id mode (:mod:`embcore.train.contract`)."""
+    from embcore.train.contract import source_gives_keys, vocab_sizes_for
+    from embcore.train.movielens_source import MovieLensSource
+
+    keys = source_gives_keys(config)
+    if config.data.source == "movielens":
+        return MovieLensSource(config.data, keys=keys, vocab_sizes=vocab_sizes_for(config))
+    return build_source(config.data, keys=keys)

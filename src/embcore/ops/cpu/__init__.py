@@ -38,7 +38,13 @@ from embcore.ops.state import TableState, check_updatable
 # directory keyed by the contents of all of this package's sources (see _cache.py).
 with kernels_cached_in(kernel_cache_dir()):
     from embcore.ops.cpu import crc32c, dedup, farmhash, finite, gather, threads  # noqa: F401
-    from embcore.ops.cpu.layout import F_IDS, T_VOCAB, feature_descriptors, table_descriptors
+    from embcore.ops.cpu.layout import (
+        F_IDS,
+        T_VOCAB,
+        feature_descriptors,
+        positions,
+        table_descriptors,
+    )
     from embcore.ops.cpu.rules import RULES
     from embcore.ops.cpu.rules._rows import common_row, float32_rows
 
@@ -241,7 +247,22 @@ def _apply_rules(
         active = np.zeros(len(states), dtype=np.int64)
         active[members] = 1
         rows = plan[2] if lazy else tables[:, T_VOCAB]  # unique rows, or every row
+        if not lazy:
+            _index_unique_rows(states, plan, members)
         workers = threads.num_workers(int(rows[members].sum()))
         kernel = rule.update if lazy else rule.update_all
         plan[5][0] = 0
         threads.run(kernel, tables, plan, hp, common, active, workers=workers)
+
+
+def _index_unique_rows(
+    states: Sequence[TableState], plan: tuple[np.ndarray, ...], members: list[int]
+) -> None:
+    """Point each table's index at its unique rows: a non-lazy rule sweeps every row and
+    finds a row's summed gradient through the index, which a hashed dedup (few ids for the
+    vocabulary) does not write."""
+    base, unique, count = plan[0], plan[1], plan[2]
+    for t in members:
+        n = int(count[t])
+        rows = unique[base[t] : base[t] + n]
+        positions(states[t].weight)[rows] = np.arange(n, dtype=np.int32)

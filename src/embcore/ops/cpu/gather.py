@@ -31,9 +31,51 @@ __all__ = ["SAMPLES_PER_CHUNK", "pooled_lookup"]
 
 SAMPLES_PER_CHUNK = 128
 #: how many ids ahead rows are prefetched
-PREFETCH_IDS = 8
-#: how many samples ahead a strided output row is prefetched
-PREFETCH_SAMPLES = 4
+PREFETCH_IDS = 16
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _prefetch_id(weight, r, vocab, dim):  # type: ignore[no-untyped-def]
+    """Prefetch table row ``r`` (if in range) of the table at ``weight``."""
+    if 0 <= r < vocab:
+        prefetch_row(weight, r, 4 * dim)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _one_id_per_bag(offsets, first, last):  # type: ignore[no-untyped-def]
+    """Whether every sample of ``first:last`` has exactly one id."""
+    for s in range(first, last):  # noqa: SIM110 (a plain loop compiles to a plain loop)
+        if offsets[s + 1] - offsets[s] != 1:
+            return False
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _copy_rows(table, values, out_rows, stride, first, last, shift, stop):  # type: ignore[no-untyped-def]
+    """Samples ``first:last`` of one unweighted id each (id ``s + shift`` of sample ``s``):
+    ``out[s] = table[id]``, or zeros for an id out of range. Ids below ``stop`` are
+    prefetched ``PREFETCH_IDS`` ahead.
+
+    Returns:
+        The number of ids out of range.
+    """
+    vocab, dim = table.shape[0], table.shape[1]
+    weight = table.ctypes.data
+    bad = 0
+    for s in range(first, last):
+        j = s + shift
+        if j + PREFETCH_IDS < stop:
+            _prefetch_id(weight, values[j + PREFETCH_IDS], vocab, dim)
+        r = values[j]
+        out = f32_matrix(out_rows + 4 * stride * s, 1, dim)
+        if 0 <= r < vocab:
+            for d in range(dim):
+                out[0, d] = table[r, d]
+        else:
+            bad += 1
+            for d in range(dim):
+                out[0, d] = 0.0
+    return bad
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -78,19 +120,22 @@ def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[n
         values = i64_vector(feat[F_VALUES], feat[F_IDS])
         offsets = i64_vector(feat[F_OFFSETS], samples + 1)
         out_rows, stride = feat[F_ROWS], feat[F_STRIDE]
-        row_bytes, ids = dim * 4, feat[F_IDS]
         last = min(first + SAMPLES_PER_CHUNK, samples)
+        # the chunk's ids are offsets[first]:offsets[last]; rows are prefetched PREFETCH_IDS
+        # ids ahead, within the chunk (the next chunk a worker claims is often another
+        # feature's); output rows are not prefetched: every line of them is overwritten
+        lo, hi = offsets[first], offsets[last]
+        for j in range(lo, min(lo + PREFETCH_IDS, hi)):
+            _prefetch_id(tab[T_WEIGHT], values[j], vocab, dim)
+        if weights == 0 and _one_id_per_bag(offsets, first, last):
+            bad += _copy_rows(table, values, out_rows, stride, first, last, lo - first, hi)
+            continue
         for s in range(first, last):
             lo, hi = offsets[s], offsets[s + 1]
             row = f32_vector(out_rows + 4 * stride * s, dim)
-            if stride != dim and s + PREFETCH_SAMPLES < last:
-                # rows of a stacked output lie F * dim floats apart, beyond the reach of the
-                # hardware prefetcher: fetch the lines this sample will write, a few ahead
-                prefetch_row(out_rows + 4 * stride * (s + PREFETCH_SAMPLES), 0, row_bytes)
-            for j in range(lo + PREFETCH_IDS, min(hi + PREFETCH_IDS, ids)):
-                r = values[j]
-                if 0 <= r < vocab:
-                    prefetch_row(tab[T_WEIGHT], r, row_bytes)
+            for j in range(lo, hi):
+                if j + PREFETCH_IDS < offsets[last]:
+                    _prefetch_id(tab[T_WEIGHT], values[j + PREFETCH_IDS], vocab, dim)
             if weights == 0 and hi - lo == 1 and 0 <= values[lo] < vocab:
                 src = table[values[lo]]  # one unweighted id: gain 1 whatever the combiner
                 for d in range(dim):

@@ -1,9 +1,9 @@
-"""What every optimizer kernel shares: work splitting, row views, and the common transforms.
+"""What every optimizer kernel shares: work splitting, table layouts, and the common transforms.
 
 ``Optimizer.apply`` (optimizers/base.py) is: gradient clip -> weight decay -> rule -> weight
-clip. The kernels of :mod:`embcore.ops.cpu.rules` do the same per row, calling
-:func:`begin_row` and :func:`end_row` around their own rule. ``common`` holds one row per
-table::
+clip. The kernels of :mod:`embcore.ops.cpu.rules` do the same per element, calling
+:func:`clip_gradient`, :func:`decayed` and :func:`clip_weight` around their own rule.
+``common`` holds one row per table::
 
     common[t] = [grad_min, grad_max, decay, weight_min, weight_max]     float32, +-inf = none
 
@@ -11,8 +11,11 @@ table::
 ``(base, unique, count, offset, gradients, counter)``; ``counter`` is the ``(1,) int64``
 work counter the workers of a call claim chunks from (:func:`.._address.claim`).
 
-Per-row helpers are inlined into the kernels (``inline="always"``) and take arrays already
-sliced per table: a call per row with whole-step arrays would cost more than the row's math.
+Each rule's per-row loop is its own kernel, ``_rows``, called once per table (or chunk of
+rows) with scalars, tuples of scalars and views made from raw addresses (no NumPy owner).
+Nothing in it takes a view of an owned array: Numba would count references to such a view
+around every inlined call, and those locked increments, one per row, serialise the row
+stores (tests/ops/test_rule_codegen.py checks the compiled loops for them).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import f32_matrix, prefetch
+from embcore.ops.cpu._address import f32_matrix, i64_vector, prefetch
 from embcore.ops.cpu.combine import chunk_starts, which_chunk
 from embcore.ops.cpu.layout import (
     T_DIM,
@@ -37,23 +40,28 @@ from embcore.ops.cpu.layout import (
 from embcore.optimizers.base import Optimizer
 
 __all__ = [
+    "PREFETCH_ROWS",
     "ROWS_PER_CHUNK",
-    "begin_row",
     "chunk_rows",
+    "clip_gradient",
+    "clip_weight",
     "common_row",
-    "end_row",
+    "decayed",
     "float32_rows",
-    "prefetch_ahead",
+    "layout",
+    "prefetch_state",
     "row_chunks",
     "slot",
     "touched",
+    "transforms",
     "weights",
 ]
 
 #: unique rows per unit of parallel work
 ROWS_PER_CHUNK = 64
-#: how many unique rows ahead their weights and slots are prefetched
-PREFETCH_ROWS = 6
+#: how many unique rows ahead their weights and slots are prefetched (across chunk borders:
+#: the table's next rows, which one worker usually takes next)
+PREFETCH_ROWS = 16
 
 G_MIN, G_MAX, DECAY, W_MIN, W_MAX = range(5)
 
@@ -100,61 +108,88 @@ def chunk_rows(starts, c, sizes):  # type: ignore[no-untyped-def]
 @njit(cache=True, error_model="numpy")
 def touched(tables, plan, t):  # type: ignore[no-untyped-def]
     """Table ``t``'s unique rows ``(count,) int64`` and their gradients ``(count, dim)``."""
-    base, unique, count, offset, gradients = plan[0], plan[1], plan[2], plan[3], plan[4]
+    base, count, offset = plan[0], plan[2], plan[3]
     n = count[t]
-    grads = f32_matrix(gradients.ctypes.data + 4 * offset[t], n, tables[t, T_DIM])
-    return unique[base[t] : base[t] + n], grads
+    rows = i64_vector(plan[1].ctypes.data + 8 * base[t], n)
+    grads = f32_matrix(plan[4].ctypes.data + 4 * offset[t], n, tables[t, T_DIM])
+    return rows, grads
 
 
 @njit(cache=True, error_model="numpy")
-def weights(tab):  # type: ignore[no-untyped-def]
-    """The table's ``(vocab, dim)`` weights."""
-    return f32_matrix(tab[T_WEIGHT], tab[T_VOCAB], tab[T_DIM])
+def weights(tables, t):  # type: ignore[no-untyped-def]
+    """Table ``t``'s ``(vocab, dim)`` weights."""
+    return f32_matrix(tables[t, T_WEIGHT], tables[t, T_VOCAB], tables[t, T_DIM])
 
 
 @njit(cache=True, error_model="numpy")
-def slot(tab, k):  # type: ignore[no-untyped-def]
-    """The table's slot ``k`` as ``(vocab, width)``; width 1 for a row-wise slot."""
-    return f32_matrix(tab[T_SLOT0 + 2 * k], tab[T_VOCAB], tab[T_WIDTH0 + 2 * k])
+def slot(tables, t, k):  # type: ignore[no-untyped-def]
+    """Table ``t``'s slot ``k`` as ``(vocab, width)``; width 1 for a row-wise slot."""
+    return f32_matrix(tables[t, T_SLOT0 + 2 * k], tables[t, T_VOCAB], tables[t, T_WIDTH0 + 2 * k])
+
+
+@njit(cache=True, error_model="numpy")
+def layout(tables, t):  # type: ignore[no-untyped-def]
+    """Table ``t``'s ``(weight address, row bytes, slot0 address, its row bytes, slot1
+    address, its row bytes)``, for :func:`prefetch_state` (address 0: no such slot)."""
+    return (
+        tables[t, T_WEIGHT],
+        4 * tables[t, T_DIM],
+        tables[t, T_SLOT0],
+        4 * tables[t, T_WIDTH0],
+        tables[t, T_SLOT1],
+        4 * tables[t, T_WIDTH1],
+    )
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def prefetch_ahead(tab, rows, u, stop):  # type: ignore[no-untyped-def]
-    """Prefetch the weights and slots of unique row ``u + PREFETCH_ROWS`` (if ``< stop``):
-    random rows are latency bound, and this keeps several misses in flight."""
-    if u + PREFETCH_ROWS < stop:
-        r = rows[u + PREFETCH_ROWS]
-        dim_bytes = tab[T_DIM] * 4
-        for offset in range(0, dim_bytes, 64):
-            prefetch(tab[T_WEIGHT] + r * dim_bytes + offset)
-        if tab[T_SLOT0] != 0:
-            width = tab[T_WIDTH0] * 4
-            for offset in range(0, width, 64):
-                prefetch(tab[T_SLOT0] + r * width + offset)
-        if tab[T_SLOT1] != 0:
-            width = tab[T_WIDTH1] * 4
-            for offset in range(0, width, 64):
-                prefetch(tab[T_SLOT1] + r * width + offset)
+def prefetch_state(lay, r):  # type: ignore[no-untyped-def]
+    """Prefetch row ``r``'s weights and slots (``lay`` from :func:`layout`): random rows are
+    latency bound, and prefetching ahead keeps several misses in flight."""
+    weight, row_bytes, slot0, bytes0, slot1, bytes1 = lay
+    for offset in range(0, row_bytes, 64):
+        prefetch(weight + r * row_bytes + offset)
+    if slot0 != 0:
+        for offset in range(0, bytes0, 64):
+            prefetch(slot0 + r * bytes0 + offset)
+    if slot1 != 0:
+        for offset in range(0, bytes1, 64):
+            prefetch(slot1 + r * bytes1 + offset)
+
+
+@njit(cache=True, error_model="numpy")
+def transforms(common, t):  # type: ignore[no-untyped-def]
+    """``common[t]`` as a tuple of five float32 scalars."""
+    return (
+        common[t, G_MIN],
+        common[t, G_MAX],
+        common[t, DECAY],
+        common[t, W_MIN],
+        common[t, W_MAX],
+    )
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _clamp(v, lo, hi):  # type: ignore[no-untyped-def]
+def clip_gradient(g, com):  # type: ignore[no-untyped-def]
+    """One gradient element, clipped to ``[grad_min, grad_max]`` (first of the transforms)."""
+    lo, hi = com[G_MIN], com[G_MAX]
     if lo != -np.inf or hi != np.inf:
-        for d in range(v.shape[0]):
-            v[d] = min(max(v[d], lo), hi)
+        return min(max(g, lo), hi)
+    return g
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def begin_row(row, g, com):  # type: ignore[no-untyped-def]
-    """Before the rule: clip the gradient, then ``w <- w - decay * w``."""
-    _clamp(g, com[G_MIN], com[G_MAX])
+def decayed(w, com):  # type: ignore[no-untyped-def]
+    """One weight after ``w <- w - decay * w`` (before the rule)."""
     decay = com[DECAY]
     if decay != 0:
-        for d in range(row.shape[0]):
-            row[d] = row[d] - decay * row[d]
+        return w - decay * w
+    return w
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def end_row(row, com):  # type: ignore[no-untyped-def]
-    """After the rule: clip the weights."""
-    _clamp(row, com[W_MIN], com[W_MAX])
+def clip_weight(w, com):  # type: ignore[no-untyped-def]
+    """One weight after the rule, clipped to ``[weight_min, weight_max]``."""
+    lo, hi = com[W_MIN], com[W_MAX]
+    if lo != -np.inf or hi != np.inf:
+        return min(max(w, lo), hi)
+    return w

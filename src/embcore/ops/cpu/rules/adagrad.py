@@ -12,13 +12,17 @@ from numba import njit
 from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.dedup import table_gradients
 from embcore.ops.cpu.rules._rows import (
-    begin_row,
+    PREFETCH_ROWS,
     chunk_rows,
-    end_row,
-    prefetch_ahead,
+    clip_gradient,
+    clip_weight,
+    decayed,
+    layout,
+    prefetch_state,
     row_chunks,
     slot,
     touched,
+    transforms,
     weights,
 )
 from embcore.optimizers import Adagrad
@@ -30,22 +34,27 @@ def hyperparameters(optimizer: Adagrad, lr: float, step: int) -> list[float]:
     return [lr]
 
 
-@njit(cache=True, inline="always", error_model="numpy")
-def _rows(tables, plan, hp, common, t, first, stop):  # type: ignore[no-untyped-def]
-    """The rule on unique rows ``first:stop`` of table ``t``."""
-    tab, com, lr = tables[t], common[t], hp[t, 0]
-    rows, grads = touched(tables, plan, t)
-    w, accumulators = weights(tab), slot(tab, 0)
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rows(rows, grads, w, accumulators, lay, com, lr, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``
+    and ``accumulators``, ``grads[u]`` its summed gradient."""
     for u in range(first, stop):
-        prefetch_ahead(tab, rows, u, stop)
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS])
         r = rows[u]
-        row, acc, g = w[r], accumulators[r], grads[u]
-        begin_row(row, g, com)
-        for d in range(g.shape[0]):
-            a = acc[d] + g[d] * g[d]
-            acc[d] = a
-            row[d] = row[d] - lr * g[d] / np.sqrt(a)
-        end_row(row, com)
+        for d in range(grads.shape[1]):
+            g = clip_gradient(grads[u, d], com)
+            a = accumulators[r, d] + g * g
+            accumulators[r, d] = a
+            w[r, d] = clip_weight(decayed(w[r, d], com) - lr * g / np.sqrt(a), com)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _table(tables, plan, hp, common, t, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop`` of table ``t``."""
+    rows, grads = touched(tables, plan, t)
+    lay, com, lr = layout(tables, t), transforms(common, t), hp[t, 0]
+    _rows(rows, grads, weights(tables, t), slot(tables, t, 0), lay, com, lr, first, stop)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -59,7 +68,7 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, count)
-        _rows(tables, plan, hp, common, t, first, stop)
+        _table(tables, plan, hp, common, t, first, stop)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -75,4 +84,4 @@ def fused(tables, features, first, plan, order, fuse, hp, common, worker, worker
         t = order[k]
         table_gradients(tables, features, first, plan, t)
         if fuse[t]:
-            _rows(tables, plan, hp, common, t, 0, plan[2][t])
+            _table(tables, plan, hp, common, t, 0, plan[2][t])

@@ -13,13 +13,17 @@ from numba import njit
 
 from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
-    begin_row,
+    PREFETCH_ROWS,
     chunk_rows,
-    end_row,
-    prefetch_ahead,
+    clip_gradient,
+    clip_weight,
+    decayed,
+    layout,
+    prefetch_state,
     row_chunks,
     slot,
     touched,
+    transforms,
     weights,
 )
 from embcore.optimizers import AdagradMomentum
@@ -40,6 +44,34 @@ def hyperparameters(optimizer: AdagradMomentum, lr: float, step: int) -> list[fl
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _rows(rows, grads, w, accumulators, momenta, lay, com, params, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``
+    and the slots, ``grads[u]`` its summed gradient; ``params`` the table's ``hp`` row."""
+    lr, momentum, nesterov, power = params[0], params[1], params[2] != 0, params[3]
+    beta2, one_minus_beta2, eps = params[4], params[5], params[6]
+    for u in range(first, stop):
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS])
+        r = rows[u]
+        for d in range(grads.shape[1]):
+            g = clip_gradient(grads[u, d], com)
+            row = decayed(w[r, d], com)
+            if beta2 == 1:
+                a = accumulators[r, d] + g * g
+            else:
+                a = beta2 * accumulators[r, d] + one_minus_beta2 * g * g
+            accumulators[r, d] = a
+            if power == -0.5:
+                scaled = g * (np.float32(1.0) / np.sqrt(a + eps))
+            else:
+                scaled = g * (a + eps) ** power
+            m = momentum * momenta[r, d] + scaled
+            momenta[r, d] = m
+            row = row - lr * (momentum * m + scaled if nesterov else m)
+            w[r, d] = clip_weight(row, com)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[no-untyped-def]
     """One AdagradMomentum step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
@@ -50,27 +82,13 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, count)
-        tab, com = tables[t], common[t]
-        lr, momentum, nesterov, power = hp[t, 0], hp[t, 1], hp[t, 2] != 0, hp[t, 3]
-        beta2, one_minus_beta2, eps = hp[t, 4], hp[t, 5], hp[t, 6]
         rows, grads = touched(tables, plan, t)
-        w, accumulators, momenta = weights(tab), slot(tab, 0), slot(tab, 1)
-        for u in range(first, stop):
-            prefetch_ahead(tab, rows, u, stop)
-            r = rows[u]
-            row, acc, mom, g = w[r], accumulators[r], momenta[r], grads[u]
-            begin_row(row, g, com)
-            for d in range(g.shape[0]):
-                if beta2 == 1:
-                    a = acc[d] + g[d] * g[d]
-                else:
-                    a = beta2 * acc[d] + one_minus_beta2 * g[d] * g[d]
-                acc[d] = a
-                if power == -0.5:
-                    scaled = g[d] * (np.float32(1.0) / np.sqrt(a + eps))
-                else:
-                    scaled = g[d] * (a + eps) ** power
-                m = momentum * mom[d] + scaled
-                mom[d] = m
-                row[d] = row[d] - lr * (momentum * m + scaled if nesterov else m)
-            end_row(row, com)
+        lay, com, params = layout(tables, t), transforms(common, t), _params(hp, t)
+        w, accumulators, momenta = weights(tables, t), slot(tables, t, 0), slot(tables, t, 1)
+        _rows(rows, grads, w, accumulators, momenta, lay, com, params, first, stop)
+
+
+@njit(cache=True, error_model="numpy")
+def _params(hp, t):  # type: ignore[no-untyped-def]
+    """Table ``t``'s seven hyperparameters as a tuple of scalars."""
+    return (hp[t, 0], hp[t, 1], hp[t, 2], hp[t, 3], hp[t, 4], hp[t, 5], hp[t, 6])

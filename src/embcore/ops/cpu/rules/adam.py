@@ -18,15 +18,19 @@ import numpy as np
 from numba import njit
 
 from embcore.ops.cpu._address import claim, i32_vector
-from embcore.ops.cpu.layout import T_DIM, T_POSITIONS, T_VOCAB
+from embcore.ops.cpu.layout import T_POSITIONS, T_VOCAB
 from embcore.ops.cpu.rules._rows import (
-    begin_row,
+    PREFETCH_ROWS,
     chunk_rows,
-    end_row,
-    prefetch_ahead,
+    clip_gradient,
+    clip_weight,
+    decayed,
+    layout,
+    prefetch_state,
     row_chunks,
     slot,
     touched,
+    transforms,
     weights,
 )
 from embcore.optimizers import Adam
@@ -42,16 +46,47 @@ def hyperparameters(optimizer: Adam, lr: float, step: int) -> list[float]:
     return [lr, b1, 1.0 - b1, b2, 1.0 - b2, eps * eps if inside else eps, float(inside)]
 
 
+@njit(cache=True, error_model="numpy")
+def _params(hp, t):  # type: ignore[no-untyped-def]
+    """Table ``t``'s seven hyperparameters as a tuple of scalars."""
+    return (hp[t, 0], hp[t, 1], hp[t, 2], hp[t, 3], hp[t, 4], hp[t, 5], hp[t, 6])
+
+
 @njit(cache=True, inline="always", error_model="numpy")
-def _rule(row, m, v, g, hp):  # type: ignore[no-untyped-def]
-    lr, b1, one_minus_b1, b2, one_minus_b2 = hp[0], hp[1], hp[2], hp[3], hp[4]
-    eps, inside = hp[5], hp[6] != 0
-    for d in range(row.shape[0]):
-        md = b1 * m[d] + one_minus_b1 * g[d]
-        vd = b2 * v[d] + one_minus_b2 * g[d] * g[d]
-        m[d], v[d] = md, vd
-        denom = np.sqrt(vd + eps) if inside else np.sqrt(vd) + eps
-        row[d] = row[d] - lr * md / denom
+def _rule(w, m, v, g, com, params):  # type: ignore[no-untyped-def]
+    """One element's ``(w, m, v)`` after the transforms and Adam's rule, for gradient ``g``."""
+    lr, b1, one_minus_b1, b2, one_minus_b2 = params[0], params[1], params[2], params[3], params[4]
+    eps, inside = params[5], params[6] != 0
+    g = clip_gradient(g, com)
+    m = b1 * m + one_minus_b1 * g
+    v = b2 * v + one_minus_b2 * g * g
+    denom = np.sqrt(v + eps) if inside else np.sqrt(v) + eps
+    return clip_weight(decayed(w, com) - lr * m / denom, com), m, v
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rows(rows, grads, w, m, v, lay, com, params, first, stop):  # type: ignore[no-untyped-def]
+    """Lazy Adam on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``
+    and the slots, ``grads[u]`` its summed gradient; ``params`` the table's ``hp`` row."""
+    for u in range(first, stop):
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS])
+        r = rows[u]
+        for d in range(grads.shape[1]):
+            w[r, d], m[r, d], v[r, d] = _rule(w[r, d], m[r, d], v[r, d], grads[u, d], com, params)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rows_all(rows, grads, pos, w, m, v, com, params, first, stop):  # type: ignore[no-untyped-def]
+    """Non-lazy Adam on rows ``first:stop`` of the table (``g = 0`` where no id touched
+    the row: ``pos`` is the dedup index, valid where it points back at the row)."""
+    zero = np.float32(0.0)
+    for r in range(first, stop):
+        u = pos[r]
+        hit = 0 <= u < rows.shape[0] and rows[u] == r
+        for d in range(w.shape[1]):
+            g = grads[u, d] if hit else zero
+            w[r, d], m[r, d], v[r, d] = _rule(w[r, d], m[r, d], v[r, d], g, com, params)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -65,23 +100,17 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, count)
-        tab, com, params = tables[t], common[t], hp[t]
         rows, grads = touched(tables, plan, t)
-        w, momenta, velocities = weights(tab), slot(tab, 0), slot(tab, 1)
-        for u in range(first, stop):
-            prefetch_ahead(tab, rows, u, stop)
-            r = rows[u]
-            row, g = w[r], grads[u]
-            begin_row(row, g, com)
-            _rule(row, momenta[r], velocities[r], g, params)
-            end_row(row, com)
+        lay, com, params = layout(tables, t), transforms(common, t), _params(hp, t)
+        w, m, v = weights(tables, t), slot(tables, t, 0), slot(tables, t, 1)
+        _rows(rows, grads, w, m, v, lay, com, params, first, stop)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def update_all(tables, plan, hp, common, active, worker, workers):  # type: ignore[no-untyped-def]
     """One non-lazy Adam step on this worker's share of every row of the active tables
     (``g = 0`` where untouched)."""
-    count, vocab = plan[2], tables[:, T_VOCAB]
+    vocab = tables[:, T_VOCAB]
     starts = row_chunks(vocab, active)
     counter = plan[5]
     while True:
@@ -89,20 +118,8 @@ def update_all(tables, plan, hp, common, active, worker, workers):  # type: igno
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, vocab)
-        tab, com, params = tables[t], common[t], hp[t]
         rows, grads = touched(tables, plan, t)
-        w, momenta, velocities = weights(tab), slot(tab, 0), slot(tab, 1)
-        pos = i32_vector(tab[T_POSITIONS], tab[T_VOCAB])
-        zero = np.empty(tab[T_DIM], dtype=np.float32)
-        for r in range(first, stop):
-            u = pos[r]
-            if 0 <= u < count[t] and rows[u] == r:
-                g = grads[u]
-            else:
-                for d in range(zero.shape[0]):
-                    zero[d] = 0.0  # begin_row clips it in place
-                g = zero
-            row = w[r]
-            begin_row(row, g, com)
-            _rule(row, momenta[r], velocities[r], g, params)
-            end_row(row, com)
+        pos = i32_vector(tables[t, T_POSITIONS], tables[t, T_VOCAB])
+        com, params = transforms(common, t), _params(hp, t)
+        w, m, v = weights(tables, t), slot(tables, t, 0), slot(tables, t, 1)
+        _rows_all(rows, grads, pos, w, m, v, com, params, first, stop)

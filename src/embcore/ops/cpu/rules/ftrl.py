@@ -18,13 +18,17 @@ from numba import njit
 
 from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
-    begin_row,
+    PREFETCH_ROWS,
     chunk_rows,
-    end_row,
-    prefetch_ahead,
+    clip_gradient,
+    clip_weight,
+    decayed,
+    layout,
+    prefetch_state,
     row_chunks,
     slot,
     touched,
+    transforms,
     weights,
 )
 from embcore.optimizers import FTRL
@@ -48,6 +52,35 @@ def _power(x, p):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _rows(rows, grads, w, accumulators, linears, lay, com, params, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``
+    and the slots, ``grads[u]`` its summed gradient; ``params`` the table's ``hp`` row."""
+    lr, p, limit, beta, quad_extra = params[0], params[1], params[2], params[3], params[4]
+    multiply = params[5] != 0
+    for u in range(first, stop):
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS])
+        r = rows[u]
+        for d in range(grads.shape[1]):
+            g = clip_gradient(grads[u, d], com)
+            row = decayed(w[r, d], com)
+            acc = accumulators[r, d]
+            acc_new = acc + g * g
+            grown = _power(acc_new, p) - _power(acc, p)
+            if multiply:
+                ln = linears[r, d] + lr * g - grown * row
+                quad = _power(acc_new, p) + beta + quad_extra
+            else:
+                ln = linears[r, d] + g - grown / lr * row
+                quad = (_power(acc_new, p) + beta) / lr + quad_extra
+            linears[r, d], accumulators[r, d] = ln, acc_new
+            numer = min(max(ln, -limit), limit) - ln
+            # 0 where |lin| <= limit, also when quad is 0 (zero accumulator and gradient)
+            row = numer / quad if numer != 0 else np.float32(0.0)
+            w[r, d] = clip_weight(row, com)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[no-untyped-def]
     """One FTRL step on this worker's share of the unique rows of ``plan``."""
     count = plan[2]
@@ -58,27 +91,13 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, count)
-        tab, com = tables[t], common[t]
-        lr, p, limit, beta, quad_extra = hp[t, 0], hp[t, 1], hp[t, 2], hp[t, 3], hp[t, 4]
-        multiply = hp[t, 5] != 0
         rows, grads = touched(tables, plan, t)
-        w, accumulators, linears = weights(tab), slot(tab, 0), slot(tab, 1)
-        for u in range(first, stop):
-            prefetch_ahead(tab, rows, u, stop)
-            r = rows[u]
-            row, acc, lin, g = w[r], accumulators[r], linears[r], grads[u]
-            begin_row(row, g, com)
-            for d in range(g.shape[0]):
-                acc_new = acc[d] + g[d] * g[d]
-                grown = _power(acc_new, p) - _power(acc[d], p)
-                if multiply:
-                    ln = lin[d] + lr * g[d] - grown * row[d]
-                    quad = _power(acc_new, p) + beta + quad_extra
-                else:
-                    ln = lin[d] + g[d] - grown / lr * row[d]
-                    quad = (_power(acc_new, p) + beta) / lr + quad_extra
-                lin[d], acc[d] = ln, acc_new
-                numer = min(max(ln, -limit), limit) - ln
-                # 0 where |lin| <= limit, also when quad is 0 (zero accumulator and gradient)
-                row[d] = numer / quad if numer != 0 else np.float32(0.0)
-            end_row(row, com)
+        lay, com, params = layout(tables, t), transforms(common, t), _params(hp, t)
+        w, accumulators, linears = weights(tables, t), slot(tables, t, 0), slot(tables, t, 1)
+        _rows(rows, grads, w, accumulators, linears, lay, com, params, first, stop)
+
+
+@njit(cache=True, error_model="numpy")
+def _params(hp, t):  # type: ignore[no-untyped-def]
+    """Table ``t``'s six hyperparameters as a tuple of scalars."""
+    return (hp[t, 0], hp[t, 1], hp[t, 2], hp[t, 3], hp[t, 4], hp[t, 5])

@@ -9,16 +9,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import claim
+from embcore.ops.cpu._address import claim, f32_vector
 from embcore.ops.cpu.dedup import table_gradients
 from embcore.ops.cpu.rules._rows import (
-    begin_row,
+    PREFETCH_ROWS,
     chunk_rows,
-    end_row,
-    prefetch_ahead,
+    clip_gradient,
+    clip_weight,
+    decayed,
+    layout,
+    prefetch_state,
     row_chunks,
     slot,
     touched,
+    transforms,
     weights,
 )
 from embcore.optimizers import RowwiseAdagrad
@@ -31,33 +35,42 @@ def hyperparameters(optimizer: RowwiseAdagrad, lr: float, step: int) -> list[flo
 
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc"})
-def _sum_of_squares(g):  # type: ignore[no-untyped-def]
-    """``sum(g ** 2)``, reassociated so that it vectorises (a sequential float32 sum would be
-    a chain of dependent adds); the reference's ``mean`` sums in its own order too."""
+def _sum_of_squares(address, dim):  # type: ignore[no-untyped-def]
+    """``sum(g ** 2)`` of the ``dim`` floats at ``address``, reassociated so that it
+    vectorises (a sequential float32 sum would be a chain of dependent adds); the
+    reference's ``mean`` sums in its own order too."""
+    g = f32_vector(address, dim)
     total = np.float32(0.0)
-    for d in range(g.shape[0]):
+    for d in range(dim):
         total += g[d] * g[d]
     return total
 
 
-@njit(cache=True, inline="always", error_model="numpy")
-def _rows(tables, plan, hp, common, t, first, stop):  # type: ignore[no-untyped-def]
-    """The rule on unique rows ``first:stop`` of table ``t``."""
-    tab, com, lr, eps = tables[t], common[t], hp[t, 0], hp[t, 1]
-    rows, grads = touched(tables, plan, t)
-    w, accumulators = weights(tab), slot(tab, 0)
-    dim = np.float32(grads.shape[1])
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rows(rows, grads, w, accumulators, lay, com, lr, eps, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``
+    and ``accumulators``, ``grads[u]`` its summed gradient (clipped in place)."""
+    dim = grads.shape[1]
     for u in range(first, stop):
-        prefetch_ahead(tab, rows, u, stop)
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS])
         r = rows[u]
-        row, g = w[r], grads[u]
-        begin_row(row, g, com)
-        acc = accumulators[r, 0] + _sum_of_squares(g) / dim
+        for d in range(dim):
+            grads[u, d] = clip_gradient(grads[u, d], com)
+        address = grads.ctypes.data + 4 * dim * u
+        acc = accumulators[r, 0] + _sum_of_squares(address, dim) / np.float32(dim)
         accumulators[r, 0] = acc
         denom = np.sqrt(acc) + eps
-        for d in range(g.shape[0]):
-            row[d] = row[d] - lr * g[d] / denom
-        end_row(row, com)
+        for d in range(dim):
+            w[r, d] = clip_weight(decayed(w[r, d], com) - lr * grads[u, d] / denom, com)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _table(tables, plan, hp, common, t, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop`` of table ``t``."""
+    rows, grads = touched(tables, plan, t)
+    lay, com, lr, eps = layout(tables, t), transforms(common, t), hp[t, 0], hp[t, 1]
+    _rows(rows, grads, weights(tables, t), slot(tables, t, 0), lay, com, lr, eps, first, stop)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -71,7 +84,7 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, count)
-        _rows(tables, plan, hp, common, t, first, stop)
+        _table(tables, plan, hp, common, t, first, stop)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -87,4 +100,4 @@ def fused(tables, features, first, plan, order, fuse, hp, common, worker, worker
         t = order[k]
         table_gradients(tables, features, first, plan, t)
         if fuse[t]:
-            _rows(tables, plan, hp, common, t, 0, plan[2][t])
+            _table(tables, plan, hp, common, t, 0, plan[2][t])

@@ -6,12 +6,16 @@ from numba import njit
 
 from embcore.ops.cpu._address import claim
 from embcore.ops.cpu.rules._rows import (
-    begin_row,
+    PREFETCH_ROWS,
     chunk_rows,
-    end_row,
-    prefetch_ahead,
+    clip_gradient,
+    clip_weight,
+    decayed,
+    layout,
+    prefetch_state,
     row_chunks,
     touched,
+    transforms,
     weights,
 )
 from embcore.optimizers import SGD
@@ -21,6 +25,19 @@ __all__ = ["hyperparameters", "update"]
 
 def hyperparameters(optimizer: SGD, lr: float, step: int) -> list[float]:
     return [lr]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rows(rows, grads, w, lay, com, lr, first, stop):  # type: ignore[no-untyped-def]
+    """The rule on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``,
+    ``grads[u]`` its summed gradient."""
+    for u in range(first, stop):
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS])
+        r = rows[u]
+        for d in range(grads.shape[1]):
+            g = clip_gradient(grads[u, d], com)
+            w[r, d] = clip_weight(decayed(w[r, d], com) - lr * g, com)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -34,13 +51,6 @@ def update(tables, plan, hp, common, active, worker, workers):  # type: ignore[n
         if c >= starts[-1]:
             break
         t, first, stop = chunk_rows(starts, c, count)
-        tab, com, lr = tables[t], common[t], hp[t, 0]
         rows, grads = touched(tables, plan, t)
-        w = weights(tab)
-        for u in range(first, stop):
-            prefetch_ahead(tab, rows, u, stop)
-            row, g = w[rows[u]], grads[u]
-            begin_row(row, g, com)
-            for d in range(g.shape[0]):
-                row[d] = row[d] - lr * g[d]
-            end_row(row, com)
+        lay, com = layout(tables, t), transforms(common, t)
+        _rows(rows, grads, weights(tables, t), lay, com, hp[t, 0], first, stop)
