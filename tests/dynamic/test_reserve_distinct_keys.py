@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import embcore as ec
-from embcore.dynamic import index, store
+from embcore.dynamic import index
 from embcore.dynamic.keyspace import KeySpace
+from embcore.rows import keyed as store
 from embcore.sharding import ShardingPlan, TableShard
 
 DIM = 2
@@ -28,11 +29,11 @@ def train(emb: ec.EmbeddingEngine, keys: np.ndarray) -> None:
 
 def sizes(emb: ec.EmbeddingEngine) -> tuple[int, ...]:
     """Rows of the weight buffer, index capacity, row-metadata and pending-count sizes."""
-    rows = emb.store.dynamic[0]
+    rows = emb.store.rows[0]
     space = rows.space
     pending = space.pending
     return (
-        rows._get("weight").shape[0],
+        rows.tensor("weight").shape[0],
         space._index.capacity,
         space._key.size,
         0 if pending is None else pending._index.capacity,

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 import embcore as ec
+from embcore.rows import keyed as _key_rows
 from embcore.sharding import ShardingPlan, TableShard
-from embcore.sharding.schemes import _key_rows
 
 pytestmark = pytest.mark.multiprocess
 
@@ -52,14 +52,14 @@ def _ranks(rank: int, world: int, out: str, refuse_at: int, mode: str) -> None:
     steps: list[Any] = []
     try:
         engine = dh.engine(world) if mode == "key_hash" else _data_parallel(world)
-        train = _key_rows.KeyRows.train
+        train = _key_rows.KeyedRows.train_keys
 
         def refusing(self: Any, *args: Any, **kwargs: Any) -> Any:
             if rank == 1 and len(steps) == refuse_at:  # the owner cannot grow its rows
                 raise _key_rows.IndexMemoryError("table 'user': could not grow (injected)")
             return train(self, *args, **kwargs)
 
-        _key_rows.KeyRows.train = refusing  # a forked rank: nothing to restore
+        _key_rows.KeyedRows.train_keys = refusing  # a forked rank: nothing to restore
         for step in range(dh.STEPS):
             try:
                 features = dh.local_batch(step, rank)

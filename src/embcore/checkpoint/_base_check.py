@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 
+from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
 from embcore.checkpoint._chain import Link, open_checkpoint, resolve
 from embcore.checkpoint._errors import CheckpointError
 from embcore.checkpoint._load import verify_shared
-from embcore.sharding.comm import Comm
 
 __all__ = ["check_base"]
 

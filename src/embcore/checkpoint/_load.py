@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
 from embcore.checkpoint import _delta, _manifest
 from embcore.checkpoint._chain import Link, open_checkpoint, resolve
@@ -30,7 +31,6 @@ from embcore.checkpoint._engine_view import EngineView, StoredTensor, table_of
 from embcore.checkpoint._errors import CheckpointError
 from embcore.checkpoint._manifest import Chunk
 from embcore.checkpoint._verified import Verified
-from embcore.sharding.comm import Comm
 
 if TYPE_CHECKING:  # annotations only: engines are seen through _engine_view
     from embcore.engine import EmbeddingEngine

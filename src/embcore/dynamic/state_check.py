@@ -1,6 +1,6 @@
 """Checks of a dynamic table's saved state, before anything is loaded from it.
 
-A state (``DynamicRows.state()``, a state dict's ``{table}.*`` entries, a checkpoint's
+A state (``KeyedRows.content()``, a state dict's ``{table}.*`` entries, a checkpoint's
 replayed records) is a dict of arrays; see :meth:`.KeySpace.state`::
 
     step                                   () int64 >= 0: steps completed

@@ -17,33 +17,27 @@ from torch import Tensor
 __all__ = ["LookupWithUpdate", "StackedLookupWithUpdate"]
 
 
-def _apply_once(ctx: Any, grads: list[Tensor | None]) -> None:
-    """Check one gradient per feature (``None``: zeros) and run the engine's update."""
-    _refuse_twice(ctx)
-    engine: Any = ctx.engine
-    shaped = [
-        g if g is None else g.reshape(*b.output_shape, engine._tables[f.table].dim)
-        for f, b, g in zip(engine._features, ctx.batches, grads, strict=True)
-    ]
-    checked, error = engine._check(ctx.batches, shaped)
-    _update_once(ctx, checked, error)
-
-
-def _refuse_twice(ctx: Any) -> None:
+def _apply_once(
+    ctx: Any, grads: list[Tensor | None], whole: Tensor | None = None, checked: bool = False
+) -> None:
+    """Run the engine's update, once per lookup, with one gradient per feature (``None``:
+    zeros); ``checked``: they are ``(S_f, dim) float32`` slices of ``whole`` already (a
+    stacked gradient autograd shaped), so only the finiteness pass runs."""
     if ctx.applied:
         raise RuntimeError(
             "EmbeddingEngine: backward ran twice through one lookup; its update was already "
             "applied (do not retain_graph through the engine)"
         )
-
-
-def _update_once(
-    ctx: Any, checked: list[Tensor], error: Exception | None, whole: Tensor | None = None
-) -> None:
-    """The engine's update with checked ``(S_f, dim) float32`` gradients (``whole``: one
-    tensor holding them all, for a single finiteness pass), once per lookup."""
-    _refuse_twice(ctx)
-    ctx.engine._update(ctx.batches, checked, error, whole)
+    engine: Any = ctx.engine
+    shaped = (
+        grads
+        if checked
+        else [
+            g if g is None else g.reshape(*b.output_shape, engine._tables[f.table].dim)
+            for f, b, g in zip(engine._features, ctx.batches, grads, strict=True)
+        ]
+    )
+    engine._apply_gradients(ctx.batches, shaped, whole, checked=checked)
     ctx.applied = True
     ctx.engine = ctx.batches = None  # the node may outlive this step: let the engine go
 
@@ -85,5 +79,5 @@ class StackedLookupWithUpdate(torch.autograd.Function):
         grad = grad.detach().to(torch.float32)
         flat = grad.reshape(-1, grad.shape[-2], grad.shape[-1])  # (S, F, dim)
         whole = flat if flat.is_contiguous() else None
-        _update_once(ctx, list(flat.unbind(1)), None, whole)
+        _apply_once(ctx, list(flat.unbind(1)), whole, checked=True)
         return None, None, None, None

@@ -15,6 +15,7 @@ when the engine is built; see docs/architecture.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
 from embcore.engine._compiled import attach_ops, compiled_lookup
-from embcore.engine._dynamic import DynamicTablesAPI, evicting
+from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import (
     check_gradients,
@@ -137,7 +138,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
             stochastic_rounding,
         )
         self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
-        self._evicting = evicting(self._tables)
+        self._evicting = self.store.flush_before_training_lookup()
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
         attach_ops(self)  # the torch.ops.embcore operators' way to this engine
         self.skipped_steps = 0
@@ -176,6 +177,12 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
     def tables(self) -> tuple[ResolvedTable, ...]:
         """The resolved tables: final names, optimizers and the features that read them."""
         return tuple(self._tables)
+
+    @property
+    def structure(self) -> Any:
+        """The feature config as given: the nest (dicts, lists, tuples) of ``FeatureConfig``
+        leaves that :meth:`forward` takes inputs in and returns activations in."""
+        return self._structure
 
     @property
     def features(self) -> tuple[ResolvedFeature, ...]:
@@ -313,23 +320,39 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         return nest.pack(self._structure, shaped, is_leaf=is_feature)
 
     # --------------------------------------------------------------------------- updates
-    def _check(
-        self, batches: list[FeatureBatch], grads: list[Any]
-    ) -> tuple[list[Tensor], Exception | None]:
-        """Each feature's gradient as ``(S, dim) float32``, and the first invalid one's error."""
-        return check_gradients(self._features, self._tables, batches, grads, self.device)
+    def _apply_gradients(
+        self,
+        batches: list[FeatureBatch],
+        grads: list[Any],
+        whole: Tensor | None = None,
+        missing: Callable[[list[str]], None] | None = None,
+        checked: bool = False,
+    ) -> None:
+        """The one path from a step's gradients to its update, for autograd, the compiled
+        operator and ``apply_gradients``: each feature's gradient (``None``: zeros) checked
+        and shaped to ``(S, dim) float32``; ``missing(names)`` told of the features without
+        one when all are valid (``checked``: they are ``(S_f, dim) float32`` already, slices of
+        ``whole``); then one optimizer step of every table (or, pipelined, kept
+        until after the next lookup), once every rank agrees the gradients are valid and
+        finite. The learning rates are read now, with the step's gradients
+        (docs/semantics.md §3.13). ``whole``, when given, holds every gradient (a stacked
+        one), checked in one contiguous pass."""
+        if checked:  # (S_f, dim) float32 slices of one gradient autograd shaped
+            self._update(batches, grads, None, whole)
+            return
+        shaped, error = check_gradients(self._features, self._tables, batches, grads, self.device)
+        none = [f.name for f, g in zip(self._features, grads, strict=True) if g is None]
+        if missing is not None and none and error is None:
+            missing(none)
+        self._update(batches, shaped, error, whole)
 
     def _update(
         self,
         batches: list[FeatureBatch],
         grads: list[Tensor],
-        error: Exception | None = None,
-        whole: Tensor | None = None,
+        error: Exception | None,
+        whole: Tensor | None,
     ) -> None:
-        """Apply one optimizer step to every table (or, pipelined, keep it until after the
-        next lookup), once every rank agrees its gradients are valid and finite. The learning
-        rates are read now, with the step's gradients (docs/semantics.md §3.13). ``whole``,
-        when given, holds every gradient (a stacked one), checked in one contiguous pass."""
         bad = (
             []
             if error

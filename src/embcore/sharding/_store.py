@@ -24,14 +24,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import STEP_KINDS, Comm, Exchange, OutOfStepError
 from embcore._fingerprint import fingerprint64
-from embcore.engine._store import Chunks, StoreConfig, stored_names
+from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
-from embcore.sharding.comm import STEP_KINDS, Comm, Exchange, OutOfStepError
+from embcore.rows import Chunks, Records, row_class, stored_names
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
 from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load
-from embcore.sharding.schemes._key_steps import end_steps
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["ShardTensor", "ShardedStore"]
@@ -107,7 +107,10 @@ class ShardedStore:
         )
         self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self.tables]
         self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
-        self._dynamic = [s for s in self._sharded if isinstance(s, KeyHash)]
+        #: the tables of each scheme, whose step ends together (:meth:`Scheme.end_steps`)
+        self._by_scheme: dict[type[Scheme], list[Scheme]] = {}
+        for s in self._sharded:
+            self._by_scheme.setdefault(type(s), []).append(s)
         # every exchange carries (kind, number, phase) of its step: ranks out of step fail
         self._steps = [0] * len(STEP_KINDS)
         self._tag = (0, 0, 0)
@@ -193,7 +196,7 @@ class ShardedStore:
         self._begin("lookup")
         ex = self._exchange()
         ctxs = [
-            s.input_dist(list(b), ex, training) if s.dynamic else s.input_dist(list(b), ex)
+            s.input_dist(list(b), ex, training)
             for s, b in zip(self._sharded, features, strict=True)
         ]
         inbox = self._run(ex)
@@ -202,10 +205,8 @@ class ShardedStore:
             s.lookup(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)
-        late = [
-            isinstance(s, KeyHash) and s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)
-        ]
-        if any(late):  # owners of tables with a user initializer reply one phase later
+        late = [s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)]
+        if any(late):  # e.g. key-hash owners with a user initializer reply one phase later
             ex = self._exchange()
             per_table: list[Any] = [None] * len(ctxs)
             for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):  # table order
@@ -256,8 +257,8 @@ class ShardedStore:
                 [rates[j.lr_table] for j in jobs],
                 step,
             )
-        if self._dynamic:
-            end_steps(self._dynamic, self._comm)
+        for cls, schemes in self._by_scheme.items():
+            cls.end_steps(schemes, self._comm)
 
     def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
         """A bad gradient on one rank stops every rank, before any collective of the update
@@ -301,7 +302,7 @@ class ShardedStore:
     def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
         """Each rank copies its pieces out of the full tensors (no communication)."""
         for t, name, value in items:
-            if self.tables[t].dynamic:
+            if self.records(t) != "tensors":
                 raise ValueError(
                     f"table '{self.tables[t].name}' is dynamic: its rows are loaded with "
                     "their keys (load_dynamic_state), not as a whole tensor"
@@ -309,12 +310,8 @@ class ShardedStore:
             self._sharded[t].load_full(name, value.to(self._device))
 
     def shape(self, table: int, name: str) -> tuple[int, ...]:
-        """The logical shape; for a dynamic table ``(keys held, ...)`` (a collective)."""
-        s = self._sharded[table]
-        if isinstance(s, KeyHash):
-            held = sum(r[0] for r in self._comm.all_gather_ints([s.held()]))
-            return (held, *s.logical_tail(name))
-        return s.logical_shape(name)
+        """The logical shape; for keyed rows ``(keys held, ...)`` (a collective)."""
+        return self._sharded[table].shape(name)
 
     def tensors(self) -> list[ShardTensor]:
         """The fixed tables' tensors; a checkpoint stores dynamic tables by key, through
@@ -323,9 +320,15 @@ class ShardedStore:
         return [
             ShardTensor(f"{t.name}.{name}", s, name)
             for t, s in zip(self.tables, self._sharded, strict=True)
-            if not t.dynamic
+            if self.records(t.index) == "tensors"
             for name in stored_names(t)
         ]
+
+    def records(self, table: int) -> Records:
+        return row_class(self.tables[table]).records
+
+    def flush_before_training_lookup(self) -> bool:
+        return any(s.flush_before_training_lookup for s in self._sharded)
 
     # ---------------------------------------------------------------- dynamic tables
     def table_keys(self, table: int) -> Tensor:
@@ -360,12 +363,10 @@ class ShardedStore:
         """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``), summed over
         the ranks (a collective)."""
         s = self._key_hash(table)
-        rows = s.rows
         mine = [0, 0, 0]
-        if rows is not None:
-            pending = rows.keyspace.pending
-            mine = [len(rows.keyspace), 0 if pending is None else len(pending)]
-            mine.append(rows.dropped_gradients)
+        if s.rows is not None:
+            info = s.rows.info()
+            mine = [info["rows"], info["pending"], info["dropped_gradients"]]
         total = [sum(v) for v in zip(*self._comm.all_gather_ints(mine), strict=True)]
         return {
             "rows": total[0],
@@ -378,7 +379,7 @@ class ShardedStore:
         """Dynamic table ``table``'s whole content, as one process's store gives it (every
         rank's keys, gathered onto every rank: a collective)."""
         s = self._key_hash(table)
-        mine = s.rows.content() if s.rows is not None else None
+        mine = s.rows.shard_content() if s.rows is not None else None
         everyone: list[Any] = [mine]
         if self._comm.distributed and self._comm.world > 1:
             everyone = [None] * self._comm.world

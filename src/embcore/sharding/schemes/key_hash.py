@@ -37,18 +37,20 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Comm, Exchange, Inbox, Reducer
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
+from embcore.rows import RowEnv, make_rows
+from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32, I64, contributions, occurrences
-from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
+from embcore.sharding.schemes._key_steps import end_steps
 from embcore.sharding.schemes._key_views import KeyViews
-from embcore.sharding.schemes._piece import Piece
 
 if TYPE_CHECKING:
-    from embcore.sharding.schemes._key_rows import KeyRows
+    from embcore.rows.keyed import KeyedRows
 
 __all__ = ["INDEX_BYTES_PER_KEY", "KeyHash"]
 
@@ -148,13 +150,12 @@ class KeyHash(KeyViews, Scheme):
         self.owner = list(shard.ranks)
         self.num_shards = len(self.owner)
         super().__init__(table, shard, env)  # no piece: ``state`` stays None
-        self.rows: KeyRows | None = None
-        if self.rank in self.owner:  # the dynamic package loads its kernels: only if used
-            from embcore.sharding.schemes._key_rows import KeyRows
-
-            self.rows = KeyRows(table, env.seed, env.device)
+        self.rows: KeyedRows | None = None  # type: ignore[assignment]
+        if self.rank in self.owner:  # keyed rows load the index kernels: only if used
+            self.rows = make_rows(table, RowEnv(env.seed, env.device), shard=True)  # type: ignore[assignment]
         eviction = table.config.eviction
         self.max_rows: int | None = eviction.max_rows if eviction is not None else None
+        self.flush_before_training_lookup = eviction is not None and eviction.evicts
         #: steps ended (every rank counts, owner or not: the key spaces' step)
         self.step = 0
         # (batch, (N,) rows of its keys at its training lookup, step then), oldest first:
@@ -163,6 +164,16 @@ class KeyHash(KeyViews, Scheme):
 
     def piece(self, rank: int) -> Piece | None:
         return None  # a dynamic table has no rows by range: see ``rows``
+
+    @classmethod
+    def end_steps(cls, schemes: list[Scheme], comm: Comm) -> None:
+        """Eviction decided over every shard (:func:`._key_steps.end_steps`)."""
+        end_steps(schemes, comm)  # type: ignore[arg-type]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """``(keys held on any rank, ...)`` (a collective)."""
+        held = sum(r[0] for r in self.comm.all_gather_ints([self.held()]))
+        return (held, *self.logical_tail(name))
 
     def _split(self, keys: Tensor) -> tuple[Tensor, list[int]]:
         """The grouping order of ``keys`` by shard (stable) and the keys per shard."""
@@ -203,7 +214,7 @@ class KeyHash(KeyViews, Scheme):
         flat = torch.cat(keys)
         if ctx.training:
             mult = torch.cat([inbox.take(src, I64).reshape(-1) for src in range(self.world)])
-            ctx.rows = self.rows.train(flat, mult, defer=self.late(ctx))
+            ctx.rows = self.rows.train_keys(flat, mult, defer=self.late(ctx))
         else:
             ctx.rows = self.rows.find(flat)
         if not self.late(ctx):
@@ -231,7 +242,7 @@ class KeyHash(KeyViews, Scheme):
 
     def _reply(self, ex: Exchange, ctx: _Forward) -> None:
         assert self.rows is not None and ctx.rows is not None
-        values, rows = self.rows.read(ctx.rows), ctx.rows
+        values, rows = self.rows.read_rows(ctx.rows), ctx.rows
         for src, (part, numbers) in enumerate(
             zip(torch.split(values, ctx.sizes), torch.split(rows, ctx.sizes), strict=True)
         ):
@@ -320,6 +331,6 @@ class KeyHash(KeyViews, Scheme):
             found = torch.cat(rows)
             held = found >= 0  # no row (pending, or evicted since the lookup): dropped
             self.rows.dropped_gradients += int((~held).sum())
-            features.append(occurrences(found[held]))
+            features.append(occurrences(self.rows.slots_of(found[held])))
             grads.append(torch.cat(parts)[held])
         return UpdateJob(self.rows.state(), features, grads, self.table.index)
