@@ -17,6 +17,7 @@ from embcore.optimizers import (
     SlotSpec,
 )
 from embcore.prefetch import Prefetcher
+from embcore.storage import DiskStorage
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [
     "AdagradMomentum",
     "Adam",
     "CountAdmission",
+    "DiskStorage",
     "EmbeddingEngine",
     "Eviction",
     "FeatureBatch",

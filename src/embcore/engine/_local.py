@@ -25,6 +25,7 @@ from embcore.inputs import FeatureBatch
 from embcore.stats import StatsCollector, StatsTable
 
 if TYPE_CHECKING:
+    from embcore.disk.rows import DiskRows
     from embcore.dynamic.store import DynamicRows
     from embcore.sharding.comm import Comm
 
@@ -69,8 +70,14 @@ class LocalStore(nn.Module):
         self.stochastic_rounding = config.stochastic_rounding
         #: table index -> its key space and row mapping, for dynamic tables
         self.dynamic: dict[int, DynamicRows] = {}
+        #: table index -> its rows on disk behind a RAM cache, for tables in DiskStorage
+        self.disk: dict[int, DiskRows] = {}
+        self._device = config.device
         for table in self.tables:
             cfg = table.config
+            if table.storage is not None:
+                self._add_disk(table, config)
+                continue
             if table.dynamic:
                 self._add_dynamic(table, config)
                 continue
@@ -106,6 +113,17 @@ class LocalStore(nn.Module):
             ),
         )
 
+    def _add_disk(self, table: ResolvedTable, config: StoreConfig) -> None:
+        from embcore.disk.rows import DiskRows  # only engines with disk tables load it
+
+        if config.device.type != "cpu" or config.storage_dtype != torch.float32:
+            raise ValueError(
+                f"table '{table.name}': DiskStorage needs a CPU engine with float32 rows, got "
+                f"device={config.device}, storage_dtype={config.storage_dtype}"
+            )
+        storage = table.storage
+        self.disk[table.index] = DiskRows(table, storage, config.seed, storage.cache_bytes)
+
     # ----------------------------------------------------------------------------- state
     def _tensor(self, table: int, name: str) -> Tensor:
         return getattr(self, f"w{table}" if name == "weight" else f"s{table}_{name}")
@@ -128,9 +146,13 @@ class LocalStore(nn.Module):
                     t.optimizer,
                     self.stochastic_rounding,
                 )
+                if t.index not in self.disk
+                else None
                 for t in self.tables
             ]
             cached = self._states_cache = (buffers, states)
+        if self.disk:  # a disk table's cache tensors are replaced when it grows or empties
+            return [s or self.disk[i].state() for i, s in enumerate(cached[1])]
         return cached[1]
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> nn.Module:
@@ -153,7 +175,7 @@ class LocalStore(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.w0.device
+        return next(iter(self._buffers.values())).device if self._buffers else self._device
 
     @property
     def comm(self) -> Comm:
@@ -179,12 +201,22 @@ class LocalStore(nn.Module):
         if self.dynamic and training:  # room in every table before any table changes
             for t, rows in self.dynamic.items():
                 rows.reserve(sum(b.values.numel() for b in features[t]))
-        if self.dynamic:
+        if self.dynamic or self.disk:
             features = [
-                self.dynamic[t].map(b, training) if t in self.dynamic else b
+                self._rows(t).map(b, training) if self._rows(t) else b
                 for t, b in enumerate(features)
             ]
         return ops.lookup(self.backend, self._states(), features, out=out)
+
+    def _rows(self, t: int) -> Any:
+        """The row mapping of table ``t`` (dynamic or disk), or ``None`` (in memory)."""
+        return self.dynamic.get(t) or self.disk.get(t)
+
+    def prefetch(self, features: Sequence[Sequence[FeatureBatch]]) -> None:
+        """Start reading the disk tables' rows for a batch prepared ahead."""
+        for t, rows in self.disk.items():
+            if features[t]:
+                rows.prefetch(torch.cat([b.values for b in features[t]]).cpu().numpy())
 
     def update(
         self,
@@ -193,13 +225,12 @@ class LocalStore(nn.Module):
         rates: Sequence[float],
         step: int,
     ) -> None:
-        if self.dynamic:
+        if self.dynamic or self.disk:
             features = [
-                self.dynamic[t].for_update(b) if t in self.dynamic else b
-                for t, b in enumerate(features)
+                self._rows(t).for_update(b) if self._rows(t) else b for t, b in enumerate(features)
             ]
         ops.update(self.backend, self._states(), features, grads, rates, step)
-        for rows in self.dynamic.values():
+        for rows in (*self.dynamic.values(), *self.disk.values()):
             rows.end_step()
 
     def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:
@@ -213,6 +244,8 @@ class LocalStore(nn.Module):
         return [
             self.dynamic[t].rows(self.dynamic[t].keys(), name)
             if t in self.dynamic
+            else torch.cat([self.disk[t].read_range(a, b)[name] for a, b in self.disk[t].ranges()])
+            if t in self.disk
             else self._tensor(t, name)
             for t, name in items
         ]
@@ -224,11 +257,16 @@ class LocalStore(nn.Module):
                     f"table '{self.tables[t].name}' is dynamic: its rows are loaded with "
                     "their keys (load_dynamic_state), not as a whole tensor"
                 )
+            if t in self.disk:
+                self.disk[t].load_part(name, value)
+                continue
             self._tensor(t, name).copy_(value)
 
     def shape(self, table: int, name: str) -> tuple[int, ...]:
         if table in self.dynamic:
             return (len(self.dynamic[table].space), *self._tensor(table, name).shape[1:])
+        if table in self.disk:
+            return self.disk[table].shape(name)
         return tuple(self._tensor(table, name).shape)
 
     # ---------------------------------------------------------------- dynamic tables
@@ -241,7 +279,10 @@ class LocalStore(nn.Module):
         return self.dynamic[table].rows(keys.cpu().numpy()).to(torch.float32)
 
     def table_info(self, table: int) -> dict[str, int]:
-        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``)."""
+        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``); a disk
+        table's cache and I/O counters."""
+        if table in self.disk:
+            return self.disk[table].info()
         rows = self.dynamic[table]
         pending = rows.space.pending
         return {
@@ -265,7 +306,9 @@ class LocalStore(nn.Module):
         """The fixed tables' tensors; a checkpoint stores dynamic tables by key, through
         :meth:`dynamic_state` and :meth:`load_dynamic_state`."""
         return [
-            LocalTensor(f"{t.name}.{name}", self._tensor(t.index, name))
+            self.disk[t.index].stored(name)
+            if t.index in self.disk
+            else LocalTensor(f"{t.name}.{name}", self._tensor(t.index, name))
             for t in self.tables
             if t.index not in self.dynamic
             for name in stored_names(t)
