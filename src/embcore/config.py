@@ -314,21 +314,15 @@ def resolve(
 
 def split_cache(tables: list[ResolvedTable], storage: DiskStorage) -> list[ResolvedTable]:
     """Give ``storage`` to the fixed tables without a storage of their own, splitting its
-    ``cache_bytes`` in proportion to their sizes (RAM a row costs cached, times the rows);
-    a table whose whole size fits its share takes just that, and the rest is shared again."""
+    ``cache_bytes`` evenly (every table sees one lookup per sample, whatever its size): a
+    table smaller than its share takes its size (RAM a cached row costs, times its rows),
+    and the others share the rest evenly."""
     left = [t for t in tables if t.storage is None and t.vocabulary_size is not None]
     size = {t.index: t.vocabulary_size * cached_row_bytes(t.dim, _slot_floats(t)) for t in left}
     budget, share = storage.cache_bytes, {}
-    while left:
-        total = sum(size[t.index] for t in left)
-        fits = [t for t in left if size[t.index] * total <= budget * size[t.index]]
-        if not fits:
-            share.update({t.index: budget * size[t.index] // total for t in left})
-            break
-        for t in fits:
-            share[t.index] = size[t.index]
-            budget -= size[t.index]
-        left = [t for t in left if t not in fits]
+    for i, t in enumerate(sorted(left, key=lambda t: size[t.index])):
+        share[t.index] = min(size[t.index], budget // (len(left) - i))
+        budget -= share[t.index]
     return [
         replace(t, storage=replace(storage, cache_bytes=max(1, share[t.index])))
         if t.index in share

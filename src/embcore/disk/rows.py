@@ -44,6 +44,9 @@ __all__ = ["DiskRows", "row_bytes"]
 
 #: rows per request when a whole block or range is read or written (a 4-8 MiB buffer)
 _CHUNK = 8192
+#: rows drawn and written together on first touch: the initializer's block (drawing part of
+#: a block costs the whole block's draw)
+_MAKE_ROWS = BLOCK_ROWS
 #: prefetches kept for lookups to come
 _MAX_STAGED = 4
 _prefetcher = ThreadPoolExecutor(1, thread_name_prefix="embcore-disk-prefetch")
@@ -83,6 +86,12 @@ class DiskRows:
                 "in DiskStorage (it takes the whole table in memory); new rows take the "
                 "slots' initial values"
             )
+        if opt is not None and not opt.lazy:
+            raise ValueError(
+                f"table '{table.name}': {type(opt).__name__} with lazy_adam=False updates every "
+                "row at every step, which a table in DiskStorage cannot do without reading and "
+                "writing all of it; use lazy_adam=True, or keep the table in memory"
+            )
         self.table, self.seed, self.storage = table, seed, storage
         self.rows = int(table.vocabulary_size)
         shapes = _row_shapes(table)
@@ -95,7 +104,8 @@ class DiskRows:
         self.cache = RowCache(
             table.name, self.capacity, shapes, lambda n: self._init.get(n, 0.0), self._write
         )
-        self._made = np.zeros(-(-self.rows // BLOCK_ROWS), np.bool_)  # blocks written once
+        self._block = _MAKE_ROWS
+        self._made = np.zeros(-(-self.rows // self._block), np.bool_)  # blocks written once
         self._user_rows: Tensor | None = None
         self._state: ops.TableState | None = None
         self.io = {"rows_read": 0, "rows_written": 0, "prefetched_rows": 0, "prefetch_used": 0}
@@ -153,7 +163,7 @@ class DiskRows:
         """``name -> (N, ...)`` values of ``ids`` (ascending, not cached): prefetched, read
         from the file, or drawn for a block never written (which is written now)."""
         out = {n: torch.empty((ids.size, *s)) for n, s in _row_shapes(self.table).items()}
-        blocks = ids // BLOCK_ROWS
+        blocks = ids // self._block
         for block in np.unique(blocks[~self._made[blocks]]).tolist():
             self._make_block(block)
         todo = np.ones(ids.size, np.bool_)
@@ -212,7 +222,7 @@ class DiskRows:
 
     def _make_block(self, block: int) -> None:
         """Draw block ``block``'s initial rows and write them (records, not the cache)."""
-        start, stop = block * BLOCK_ROWS, min((block + 1) * BLOCK_ROWS, self.rows)
+        start, stop = block * self._block, min((block + 1) * self._block, self.rows)
         self.write_rows(start, self.initial(start, stop))
         self._made[block] = True
         if self._user_rows is not None and self._made.all():
@@ -247,7 +257,7 @@ class DiskRows:
         with self._lock, threads.budget(1):
             found = self.cache.lookup(ids)
             writes = len(self._writes)  # rows written back from here on may be stale below
-        ids = ids[(found < 0) & self._made[ids // BLOCK_ROWS]]
+        ids = ids[(found < 0) & self._made[ids // self._block]]
         records = aligned(ids.size, self.file.dtype)
         self.file.read(ids, records)
         return ids, records, writes
@@ -296,10 +306,10 @@ class DiskRows:
         """``name -> (stop - start, ...)``: the table's current rows ``[start, stop)`` (file,
         initial values of blocks never written, and the cache's rows over them)."""
         ids = np.arange(start, stop)
-        out = self.initial(start, stop) if not self._made[ids // BLOCK_ROWS].all() else None
+        out = self.initial(start, stop) if not self._made[ids // self._block].all() else None
         if out is None:
             out = {n: torch.empty((ids.size, *s)) for n, s in _row_shapes(self.table).items()}
-        written = np.flatnonzero(self._made[ids // BLOCK_ROWS])
+        written = np.flatnonzero(self._made[ids // self._block])
         if written.size:
             records = aligned(written.size, self.file.dtype)
             self.file.read(ids[written], records)
@@ -315,12 +325,14 @@ class DiskRows:
 
     def load_range(self, start: int, values: dict[str, Tensor]) -> None:
         """Replace rows ``[start, start + N)`` with ``values``; cached copies are dropped."""
-        n = values["weight"].shape[0]
-        ids = np.arange(start, start + n)
-        blocks = np.unique(ids // BLOCK_ROWS)
-        for block in blocks[~self._made[blocks]].tolist():  # the rest of a block: initial
-            self._make_block(block)
+        stop = start + values["weight"].shape[0]
+        ids = np.arange(start, stop)
+        blocks = np.unique(ids // self._block)
+        for block in blocks[~self._made[blocks]].tolist():
+            if block * self._block < start or min((block + 1) * self._block, self.rows) > stop:
+                self._make_block(block)  # the rest of the block holds its initial rows
         self.write_rows(start, values)
+        self._made[blocks] = True
         slots = self.cache.lookup(ids)
         held = slots[slots >= 0]
         self.cache.changed[held] = False
