@@ -43,6 +43,9 @@ class DiskTableError(OSError):
     """A disk table's file or directory cannot be used as it should (full disk, read-only
     file system, truncated or unreadable file, another engine on the directory)."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 @dataclass(frozen=True)
 class RecordLayout:
@@ -121,7 +124,7 @@ class RowFile:
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            os.close(self._lock_fd)
+            self.close()
             raise DiskTableError(
                 errno.EBUSY,
                 f"table '{table}': another engine is using its disk storage in {directory} "
@@ -149,10 +152,13 @@ class RowFile:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         return fd, False
 
+    def __del__(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close the file and release the lock (the file stays, with the rows written)."""
         for name in ("_fd", "_lock_fd"):
-            fd = getattr(self, name)
+            fd = getattr(self, name, -1)
             if fd >= 0:
                 os.close(fd)  # closing the lock file's descriptor releases the flock
                 setattr(self, name, -1)
@@ -244,7 +250,7 @@ class RowFile:
         if error.errno == errno.ENOSPC:
             text = (
                 f"{where}: the disk is full; free space there or give the table a directory "
-                "on a larger disk, then restore the engine from a checkpoint"
+                "on a larger disk (nothing was changed: the step can be repeated)"
             )
         elif error.errno == errno.EROFS:
             text = (

@@ -34,7 +34,7 @@ from torch import Tensor
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
-from embcore.disk._file import RECORD_MAGIC, RecordLayout, RowFile, aligned
+from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
 from embcore.initializers import BLOCK_ROWS, initial_rows
 from embcore.inputs import FeatureBatch
 from embcore.ops.cpu import threads
@@ -109,6 +109,7 @@ class DiskRows:
         self._user_rows: Tensor | None = None
         self._state: ops.TableState | None = None
         self.io = {"rows_read": 0, "rows_written": 0, "prefetched_rows": 0, "prefetch_used": 0}
+        self.io["deferred_write_backs"] = 0
         self._lock = threading.RLock()  # guards the index against the prefetch thread
         self._staged: list[Future] = []
         self._writes: list[np.ndarray] = []  # ids written back while a prefetch is pending
@@ -132,9 +133,14 @@ class DiskRows:
         return self._map(batches, changed=True)
 
     def end_step(self) -> None:
-        """After the update: a cache that grew for an oversized step empties itself."""
+        """After the update: a cache that grew for an oversized step empties itself. If its
+        rows cannot be written back now (a full disk), it keeps them, over its budget: the
+        next lookup that must write raises, before it changes anything."""
         with self._lock:
-            self.cache.end_step()
+            try:
+                self.cache.end_step()
+            except DiskTableError:
+                self.io["deferred_write_backs"] += 1
 
     def _map(self, batches: Sequence[FeatureBatch], changed: bool) -> list[FeatureBatch]:
         flat = np.concatenate([b.values.cpu().numpy() for b in batches]) if batches else None
