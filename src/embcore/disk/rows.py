@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._lazy_box import LazyBox
 from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
@@ -303,10 +304,10 @@ class DiskRows:
             future.exception()
 
     # ------------------------------------------------------------------ whole table
-    def ranges(self, chunk: int = _CHUNK) -> Iterator[tuple[int, int]]:
-        """``[start, stop)`` row ranges covering the table, ``chunk`` rows each."""
-        for start in range(0, self.rows, chunk):
-            yield start, min(self.rows, start + chunk)
+    def ranges(self) -> Iterator[tuple[int, int]]:
+        """``[start, stop)`` row ranges covering the table, :data:`_CHUNK` rows each."""
+        for start in range(0, self.rows, _CHUNK):
+            yield start, min(self.rows, start + _CHUNK)
 
     def read_range(self, start: int, stop: int) -> dict[str, Tensor]:
         """``name -> (stop - start, ...)``: the table's current rows ``[start, stop)`` (file,
@@ -391,23 +392,35 @@ class DiskRows:
 
 class DiskTensor:
     """``weight`` or one slot of a disk table as a checkpoint sees it: boxes of
-    :data:`_CHUNK` rows read from the table."""
+    :data:`_CHUNK` rows, each read from the table when the checkpoint writes it and written
+    to the table as soon as a load has filled it (:class:`~embcore._lazy_box.LazyBox`)."""
 
     def __init__(self, rows: DiskRows, name: str) -> None:
         self.key = f"{rows.table.name}.{name}"
         self.shape, self.dtype = rows.shape(name), torch.float32
         self._rows, self._name = rows, name
 
-    def chunks(self) -> list[tuple[tuple[int, ...], Tensor]]:
-        tail = (0,) * (len(self.shape) - 1)
+    def _boxes(self, load: bool) -> list[tuple[tuple[int, ...], Any]]:
+        rows, name, tail = self._rows, self._name, (0,) * (len(self.shape) - 1)
         return [
-            ((a, *tail), self._rows.read_range(a, b)[self._name]) for a, b in self._rows.ranges()
+            (
+                (a, *tail),
+                LazyBox(
+                    (b - a, *self.shape[1:]),
+                    self.dtype,
+                    read=None if load else lambda a=a, b=b: rows.read_range(a, b)[name],
+                    write=(lambda v, a=a: rows.load_part(name, v, a)) if load else None,
+                ),
+            )
+            for a, b in rows.ranges()
         ]
 
-    def load_chunks(self) -> list[tuple[tuple[int, ...], Tensor]]:
-        tail = (0,) * (len(self.shape) - 1)
-        return [((a, *tail), torch.empty((b - a, *self.shape[1:]))) for a, b in self._rows.ranges()]
+    def chunks(self) -> list[tuple[tuple[int, ...], Any]]:
+        return self._boxes(load=False)
 
-    def finish_load(self, chunks: list[tuple[tuple[int, ...], Tensor]]) -> None:
-        for offsets, value in chunks:
-            self._rows.load_part(self._name, value, offsets[0])
+    def load_chunks(self) -> list[tuple[tuple[int, ...], Any]]:
+        self._rows.wait_prefetch()  # rows read ahead of the load are stale after it
+        return self._boxes(load=True)
+
+    def finish_load(self, chunks: list[tuple[tuple[int, ...], Any]]) -> None:
+        """Nothing to move: each box was written to the table when it was filled."""
