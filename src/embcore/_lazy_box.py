@@ -53,7 +53,7 @@ class LazyBox:
         """A load wrote ``elements`` more values into :meth:`tensor`; once all are there, the
         box is written to the table and its buffer dropped."""
         self._filled += elements
-        if self._write is not None and self._buffer is not None:
-            if self._filled >= math.prod(self.shape):
-                buffer, self._buffer = self._buffer, None
-                self._write(buffer)
+        full = self._filled >= math.prod(self.shape)
+        if self._write is not None and self._buffer is not None and full:
+            buffer, self._buffer = self._buffer, None
+            self._write(buffer)
