@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from embcore._validate import check_bool, check_int, describe
 
@@ -45,6 +46,9 @@ class DiskStorage:
         io_threads: requests kept in flight while reading or writing rows (the disk's queue
             depth), >= 1.
     """
+
+    #: the row storage kind it selects (``embcore.rows.ROWS``)
+    kind: ClassVar[str] = "disk"
 
     directory: str | os.PathLike[str]
     cache_bytes: int

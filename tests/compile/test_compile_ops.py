@@ -87,7 +87,7 @@ def test_a_copy_of_an_engine_has_its_own_handle_and_tables() -> None:
     assert len({unpickled._handle, twin._handle, engine._handle}) == 3
     assert _library.target(unpickled._handle).engine is unpickled
     with torch.no_grad():
-        twin.store.w0.fill_(1.0)  # table "a"
+        twin.store.rows[0].weight.fill_(1.0)  # table "a"
     ids = _ids(4, 0)
     for e, value in ((engine, None), (twin, 1.0)):
         got = torch.compile(e.eval(), backend="aot_eager", fullgraph=True)(ids)["x"]

@@ -22,7 +22,7 @@ from engine_cases import (
 )
 
 import embcore as ec
-import embcore.disk.rows as disk_rows
+import embcore.disk.table as disk_rows
 
 STEPS = (4, 3, 5, 2)
 #: non-lazy Adam updates every row at every step: refused for disk tables (tested below)

@@ -15,7 +15,7 @@ import torch
 from disk_cases import assert_same_tables, cache_bytes
 
 import embcore as ec
-import embcore.disk.rows as disk_rows
+import embcore.disk.table as disk_rows
 from embcore.disk._file import DiskTableError
 
 OPT = ec.Adagrad(learning_rate=0.2)

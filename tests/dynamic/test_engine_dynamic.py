@@ -86,7 +86,7 @@ def test_count_admission_across_shared_features_pending_reads_zero_gradient_drop
     np.testing.assert_array_equal(emb.table_rows("t", [9]), init([9]) - 2)
     assert emb.table_info("t")["dropped_gradients"] == 2
     # the sink row the pending keys read stays zero
-    assert float(emb.store.w0[0].abs().sum()) == 0.0
+    assert float(emb.store.rows[0].weight[0].abs().sum()) == 0.0
 
 
 def test_evaluation_lookups_neither_insert_nor_count_nor_refresh() -> None:
@@ -241,7 +241,7 @@ def test_config_errors() -> None:
 
 
 def test_memory_failure_raises_naming_the_table_and_changes_nothing(monkeypatch) -> None:
-    from embcore.dynamic import store
+    from embcore.rows import keyed as store
 
     emb = engine(admission=ec.CountAdmission(min_count=2), features=("f", "g"))
     train(emb, {"f": [1, 1, 2], "g": [3]})

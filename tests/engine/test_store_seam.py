@@ -17,8 +17,8 @@ import torch
 import embcore as ec
 from embcore import ops
 from embcore.engine import _store
-from embcore.engine._local import LocalTensor
 from embcore.initializers import initial_rows, initial_slots
+from embcore.rows.dense import DenseTensor
 from embcore.sharding.comm import Comm
 from embcore.stats import StatsTable
 
@@ -67,9 +67,15 @@ class ListStore:
     def shape(self, t, name):
         return tuple(self._tensor(t, name).shape)
 
+    def records(self, t):
+        return "tensors"
+
+    def flush_before_training_lookup(self):
+        return False
+
     def tensors(self):
         return [
-            LocalTensor(f"{t.name}.{n}", self._tensor(t.index, n))
+            DenseTensor(f"{t.name}.{n}", self._tensor(t.index, n))
             for t in self.tables
             for n in _store.stored_names(t)
         ]

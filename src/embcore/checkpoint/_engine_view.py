@@ -9,7 +9,8 @@ Everything else in the package sees an engine only through :class:`EngineView`:
 - ``finish_load(keys)``: after the tensors ``keys`` were filled, drop what the engine computed
   before the load (a pending pipelined update, an enqueued batch);
 - ``dynamic_tables()``, ``dynamic_state(table)``, ``load_dynamic_state(table, state)``: the
-  dynamic tables, whose state is a dict of arrays by key rather than fixed-shape tensors;
+  tables whose row storage persists them by key (``store.records(t) == "keyed"``: dynamic
+  tables), as a dict of arrays by key rather than fixed-shape tensors;
 - ``describe()``, ``step``, ``world_size``, ``optimizer_types()``: what the manifest records.
 
 The engine lists its tensors itself (``engine.checkpoint_tensors()``: the step, then its
@@ -73,10 +74,6 @@ class StoredTensor:
         return self.key != "step" and not self.key.endswith(".weight")
 
 
-def _is_dynamic(table: Any) -> bool:
-    return getattr(table.config, "vocabulary_size", 0) is None
-
-
 def _numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy().copy()
@@ -118,8 +115,9 @@ class EngineView:
         return [t.name for t in self._engine.tables]
 
     def dynamic_tables(self) -> list[str]:
-        """The names of the dynamic tables (``vocabulary_size=None``), in engine order."""
-        return [t.name for t in self._engine.tables if _is_dynamic(t)]
+        """The names of the tables persisted by key (dynamic tables), in engine order."""
+        store = self._engine.store
+        return [t.name for t in self._engine.tables if store.records(t.index) == "keyed"]
 
     def dynamic_state(self, table: str) -> dict[str, np.ndarray]:
         """A dynamic table's state: keys, frequencies, last-seen steps, pending counts, and
@@ -188,6 +186,7 @@ class EngineView:
         engine = self._engine
         features = engine.features
         tables = []
+        keyed = set(self.dynamic_tables())
         for t in engine.tables:
             opt = t.optimizer
             tables.append(
@@ -208,7 +207,7 @@ class EngineView:
                     "features": [features[i].name for i in t.features],
                 }
             )
-            if _is_dynamic(t):  # recorded, not enforced (as hyperparameters)
+            if t.name in keyed:  # recorded, not enforced (as hyperparameters)
                 tables[-1] |= {
                     k: None if v is None else dataclasses.asdict(v)
                     for k, v in (("admission", t.config.admission), ("eviction", t.config.eviction))

@@ -1,11 +1,11 @@
 """Dynamic-vocabulary tables: any int64 key gets its own row, with admission and eviction.
 
-The parts a dynamic table store is built from: :mod:`.index` (a hash index from keys to row
-numbers), :mod:`.policy` (admission and eviction configs and their exact rules),
-:mod:`.keyspace` (one table's keys, counts and rows over a step sequence), :mod:`.init`
-(new rows as a pure function of seed, table name and key), and :mod:`.store` (a table's rows
-in the engine's local store). ``CountAdmission`` and ``Eviction`` are public as
-``embcore.CountAdmission`` and ``embcore.Eviction``. See docs/dynamic_tables.md.
+The parts keyed rows (:mod:`embcore.rows.keyed`) are built from: :mod:`.index` (a hash
+index from keys to row numbers), :mod:`.policy` (admission and eviction configs and their
+exact rules), :mod:`.keyspace` (one table's keys, counts and rows over a step sequence),
+:mod:`.init` (new rows as a pure function of seed, table name and key). ``CountAdmission``
+and ``Eviction`` are public as ``embcore.CountAdmission`` and ``embcore.Eviction``. See
+docs/dynamic_tables.md.
 
 Numba kernels are first imported here, inside a compile-cache directory keyed by the sources
 of this package and of the CPU backend (whose helpers they inline).

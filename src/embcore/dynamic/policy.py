@@ -47,6 +47,11 @@ class Eviction:
         _optional_int("steps_to_live", self.steps_to_live)
         _optional_int("max_rows", self.max_rows)
 
+    @property
+    def evicts(self) -> bool:
+        """Whether any key may be evicted (``steps_to_live`` or ``max_rows`` set)."""
+        return self.steps_to_live is not None or self.max_rows is not None
+
 
 def _optional_int(field: str, value: Any) -> None:
     if value is not None:

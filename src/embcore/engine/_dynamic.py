@@ -1,31 +1,41 @@
-"""The engine's reads of dynamic tables: ``table_keys``, ``table_rows``, ``table_info``.
+"""The engine's reads of its tables' rows: ``table_keys``, ``table_rows``, ``table_info``,
+``snapshot``.
 
 :class:`DynamicTablesAPI` gives :class:`embcore.EmbeddingEngine` these methods; they read the
-store's key space and rows and never insert, count or refresh a key. See
-docs/dynamic_tables.md.
+store's rows (and keys, for tables persisted by key) and never insert, count or refresh a
+key. See docs/dynamic_tables.md and docs/serving.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from embcore.config import ResolvedTable
 
-__all__ = ["DynamicTablesAPI", "evicting"]
+if TYPE_CHECKING:
+    from embcore.engine._store import TableStore
+
+__all__ = ["DynamicTablesAPI", "TableSnapshot"]
 
 
-def evicting(tables: list[ResolvedTable]) -> bool:
-    """Whether a dynamic table may evict keys (``steps_to_live`` or ``max_rows`` set): then a
-    pipelined update must be applied before the next training lookup, whose rows its step
-    boundary could free (docs/dynamic_tables.md, "Pipelining")."""
-    for t in tables:
-        ev = t.config.eviction if t.dynamic else None
-        if ev is not None and (ev.steps_to_live is not None or ev.max_rows is not None):
-            return True
-    return False
+@dataclass(frozen=True, eq=False)
+class TableSnapshot:
+    """One table's rows as a lookup-only copy reads them (:meth:`DynamicTablesAPI.snapshot`).
+
+    Attributes:
+        table: the resolved table.
+        weight: ``(R, dim)``: a fixed table's rows by id, or a keyed table's by ascending key.
+        keys: ``(R,) int64`` ascending, the key of each row of a keyed (dynamic) table;
+            ``None`` when ids are row numbers.
+    """
+
+    table: ResolvedTable
+    weight: Tensor
+    keys: Tensor | None
 
 
 class DynamicTablesAPI:
@@ -33,7 +43,7 @@ class DynamicTablesAPI:
 
     _tables: list[ResolvedTable]
     _pipeline: Any
-    store: Any
+    store: TableStore
 
     def table_keys(self, table: str) -> Tensor:
         """The keys of dynamic table ``table`` that hold a row now: ``(R,) int64``, ascending.
@@ -87,6 +97,17 @@ class DynamicTablesAPI:
         t = self._dynamic_table(table, "table_info")
         self._pipeline.wait()
         return self.store.table_info(t.index)
+
+    def snapshot(self) -> list[TableSnapshot]:
+        """Every table's rows (and keys) in table order, as serving reads them: copies for
+        keyed and sharded tables, the live tensors of a one-process fixed table (a collective
+        for a sharded engine: every rank must call it)."""
+        weights = self.embedding_tables  # type: ignore[attr-defined]
+        keyed = [self.store.records(t.index) == "keyed" for t in self._tables]
+        return [
+            TableSnapshot(t, weights[t.name], self.table_keys(t.name) if k else None)
+            for t, k in zip(self._tables, keyed, strict=True)
+        ]
 
     def _dynamic_table(self, name: str, what: str) -> ResolvedTable:
         for t in self._tables:

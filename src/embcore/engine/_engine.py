@@ -26,7 +26,7 @@ from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
 from embcore.engine._compiled import attach_ops, compiled_lookup
-from embcore.engine._dynamic import DynamicTablesAPI, evicting
+from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import (
     check_gradients,
@@ -141,7 +141,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
             stochastic_rounding,
         )
         self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
-        self._evicting = evicting(self._tables)
+        self._evicting = self.store.flush_before_training_lookup()
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))
         attach_ops(self)  # the torch.ops.embcore operators' way to this engine
         self.skipped_steps = 0
@@ -180,6 +180,12 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
     def tables(self) -> tuple[ResolvedTable, ...]:
         """The resolved tables: final names, optimizers and the features that read them."""
         return tuple(self._tables)
+
+    @property
+    def structure(self) -> Any:
+        """The feature config as given: the nest (dicts, lists, tuples) of ``FeatureConfig``
+        leaves that :meth:`forward` takes inputs in and returns activations in."""
+        return self._structure
 
     @property
     def features(self) -> tuple[ResolvedFeature, ...]:

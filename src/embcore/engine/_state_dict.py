@@ -4,7 +4,8 @@ Keys and shapes are the logical tables' whatever the store (a sharded engine's s
 equals the single-process one's), so state dicts move between stores. A dynamic table's
 entries are its keys and everything stored per key (``{table}.keys``, ``{table}.weight``,
 ``{table}.{slot}``, ``{table}.freq``, ...: docs/dynamic_tables.md), ``(R, ...)`` in key
-order. ``load_state_dict(strict=False)`` loads every entry present and reports the rest, as
+order. Which form a table takes is its row storage's (``store.records(t)``: ``"tensors"`` or
+``"keyed"``). ``load_state_dict(strict=False)`` loads every entry present and reports the rest, as
 torch does; see docs/architecture.md.
 """
 
@@ -84,10 +85,11 @@ def save_state(engine: Any, destination: dict, prefix: str, keep_vars: bool) -> 
     logical tensors, gathered from every rank for sharded tables: a collective)."""
     engine.flush()  # a checkpoint drains the pipeline, as a TPU training loop ends drained
     destination[f"{prefix}step"] = engine._step if keep_vars else engine._step.detach()
-    items = state_items([t for t in engine.tables if not t.dynamic])
+    keyed = {t.index for t in engine.tables if engine.store.records(t.index) == "keyed"}
+    items = state_items([t for t in engine.tables if t.index not in keyed])
     gathered = dict(zip(items, engine.store.gather(list(items.values())), strict=True))
     for table in engine.tables:
-        if table.dynamic:
+        if table.index in keyed:
             state = engine.store.dynamic_state(table.index)
             for name, value in state.items():
                 destination[f"{prefix}{table.name}.{name}"] = torch.as_tensor(value)
@@ -105,14 +107,15 @@ def load_state(
     returned) or, with ``strict``, a key is missing or unexpected; else loads every entry
     present (a dynamic table whole, with all its parts, or not at all)."""
     items = {prefix + k: v for k, v in state_items(engine.tables).items()}
+    keyed = {t.index for t in engine.tables if engine.store.records(t.index) == "keyed"}
     expected = {f"{prefix}step": ()} | {
-        k: engine.store.shape(*v) for k, v in items.items() if not engine.tables[v[0]].dynamic
+        k: engine.store.shape(*v) for k, v in items.items() if v[0] not in keyed
     }
     dynamic: dict[int, dict[str, Any]] = {}
     lacking: list[str] = []
     partial: list[str] = []
     for table in engine.tables:
-        if table.dynamic:
+        if table.index in keyed:
             head = f"{prefix}{table.name}."
             known = {"step", "keys", "freq", "last_seen", *_names(items, table.index)}
             given = {
@@ -139,7 +142,7 @@ def load_state(
     engine._pipeline.wait()
     with torch.no_grad():
         fixed = [(*v, state_dict[k]) for k, v in items.items() if k in state_dict]
-        engine.store.load_full([x for x in fixed if not engine.tables[x[0]].dynamic])
+        engine.store.load_full([x for x in fixed if x[0] not in keyed])
         for t, given in dynamic.items():
             if given:  # whole (checked above), or absent and left as it is
                 engine.store.load_dynamic_state(t, given)

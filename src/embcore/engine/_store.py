@@ -23,6 +23,7 @@ from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.ops import Backend
 from embcore.optimizers.base import Optimizer
+from embcore.rows import Chunks, Records, StoredTensor, stored_names
 
 if TYPE_CHECKING:
     from embcore.sharding.comm import Comm
@@ -41,9 +42,6 @@ __all__ = [
     "make_store",
     "stored_names",
 ]
-
-#: ``(offsets, tensor)`` boxes of a logical tensor: ``tensor`` sits at ``offsets`` in it.
-Chunks = list[tuple[tuple[int, ...], Tensor]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,39 +97,6 @@ def check_storage_dtype(value: Any, backend: Backend) -> torch.dtype:
             "on the CPU and reference backends"
         )
     return value
-
-
-def stored_names(table: ResolvedTable) -> list[str]:
-    """``weight`` and the table's optimizer slots, in checkpoint order."""
-    opt = table.optimizer
-    return ["weight"] + ([s.name for s in opt.slot_specs()] if opt else [])
-
-
-class StoredTensor(Protocol):
-    """One logical tensor of a store, as a checkpoint sees it.
-
-    ``key`` is the state-dict key (``{table}.weight``, ``{table}.{slot}``), ``shape`` the
-    logical shape (the whole table's), ``dtype`` how it is stored. A local tensor is one chunk
-    at offset 0; a sharded one is the boxes this rank holds.
-    """
-
-    key: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    def chunks(self) -> Chunks:
-        """The boxes this rank writes; together the ranks' boxes cover the tensor once (a
-        whole tensor that every rank holds alike may be offered by each: it is written once).
-        May communicate: every rank calls it, for every tensor, in the same order."""
-        ...
-
-    def load_chunks(self) -> Chunks:
-        """The boxes a load fills on this rank (may communicate, like :meth:`chunks`)."""
-        ...
-
-    def finish_load(self, chunks: Chunks) -> None:
-        """Move the boxes :meth:`load_chunks` returned, now filled, into place."""
-        ...
 
 
 class CounterTensor:
@@ -228,8 +193,43 @@ class TableStore(Protocol):
         """The logical shape of a table's ``weight`` or slot."""
         ...
 
+    def records(self, table: int) -> Records:
+        """How table ``table`` is persisted, as its row storage says (``"tensors"``: by
+        :meth:`tensors` and :meth:`gather` / :meth:`load_full`; ``"keyed"``: by
+        :meth:`dynamic_state` / :meth:`load_dynamic_state`)."""
+        ...
+
+    def flush_before_training_lookup(self) -> bool:
+        """Whether a pipelined update must be applied before the next training lookup (a
+        row storage's step end may evict rows the lookup would map to)."""
+        ...
+
     def tensors(self) -> list[StoredTensor]:
-        """Every stored tensor, in checkpoint order (no communication)."""
+        """Every ``"tensors"``-records table's stored tensors, in checkpoint order (no
+        communication)."""
+        ...
+
+    def table_keys(self, table: int) -> Tensor:
+        """``(R,) int64`` ascending: the keys holding a row in keyed table ``table`` (on any
+        rank: a collective for a sharded store)."""
+        ...
+
+    def table_rows(self, table: int, keys: Tensor) -> Tensor:
+        """``(N, dim) float32`` rows of ``keys: (N,) int64`` in keyed table ``table``, zeros
+        without a row; inserts, counts and refreshes nothing."""
+        ...
+
+    def table_info(self, table: int) -> dict[str, int]:
+        """Keyed table ``table``'s counters (``EmbeddingEngine.table_info``)."""
+        ...
+
+    def dynamic_state(self, table: int) -> dict[str, Any]:
+        """Keyed table ``table``'s whole content (:meth:`embcore.rows.RowStore.content`),
+        every rank's keys for a sharded store."""
+        ...
+
+    def load_dynamic_state(self, table: int, state: dict[str, Any]) -> None:
+        """Replace keyed table ``table``'s content with a :meth:`dynamic_state`."""
         ...
 
     def stats_tables(self) -> list[StatsTable]:

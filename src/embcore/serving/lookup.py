@@ -62,12 +62,15 @@ class ServingLookup(nn.Module):
                     f"{list(f.config.output_shape)}; serving lookups support features without "
                     "an output_shape only (reshape the activations in the model instead)"
                 )
-        self._structure = engine._structure
+        self._structure = engine.structure
         self._features: tuple[ResolvedFeature, ...] = engine.features
         self._tables: tuple[ResolvedTable, ...] = engine.tables
-        for t, weight in zip(self._tables, engine.embedding_tables.values(), strict=True):
-            if t.dynamic:  # a snapshot: rows in ascending key order, then the zero sink row
-                keys = engine.table_keys(t.name)
+        #: the tables whose ids are keys (looked up among sorted keys), by index
+        self._keyed: set[int] = set()
+        for snap in engine.snapshot():
+            t, weight, keys = snap.table, snap.weight, snap.keys
+            if keys is not None:  # rows in ascending key order, then the zero sink row
+                self._keyed.add(t.index)
                 self.register_buffer(f"keys_{t.index}", torch.cat([keys, keys.new_zeros(1)]))
                 weight = torch.cat([weight, weight.new_zeros(1, t.dim)])
             self.register_buffer(f"table_{t.index}", weight.detach())
@@ -81,7 +84,7 @@ class ServingLookup(nn.Module):
         parts = []
         for t in self._tables:
             rows = getattr(self, f"table_{t.index}").shape[0]
-            size = f"dynamic {rows - 1}" if t.dynamic else str(rows)
+            size = f"dynamic {rows - 1}" if t.index in self._keyed else str(rows)
             parts.append(f"{t.name}: {size}x{t.dim} {t.combiner}")
         return f"tables=[{'; '.join(parts)}]"
 
@@ -224,7 +227,7 @@ class ServingLookup(nn.Module):
         """The table rows of ``ids``: the ids themselves for a fixed table (checked to be in
         range), for a dynamic table the position of each key among the sorted keys, or the
         zero sink row after them for a key without a row."""
-        if table.dynamic:
+        if table.index in self._keyed:
             keys = getattr(self, f"keys_{table.index}")
             count = keys.shape[0] - 1  # the last entry is padding, never a match
             ids = ids.clone(memory_format=torch.contiguous_format)  # searchsorted: warns without

@@ -43,7 +43,7 @@ def lookup_dynamic_shapes(engine: Any, features: Any, batch: Dim | None = None) 
     shares the batch dimension ``batch`` (default ``Dim("batch")``), each ragged feature's
     ``values`` (and weights) have a length of their own and its row splits ``batch + 1``."""
     batch = Dim("batch", min=0) if batch is None else batch
-    leaves = nest.map_up_to(engine._structure, features, "features", is_leaf=_is_feature)
+    leaves = nest.map_up_to(engine.structure, features, "features", is_leaf=_is_feature)
     specs: list[Any] = []
     for f, x in zip(engine.features, leaves, strict=True):
         if isinstance(x, torch.Tensor):
@@ -51,7 +51,7 @@ def lookup_dynamic_shapes(engine: Any, features: Any, batch: Dim | None = None) 
         else:
             ids = Dim(f"ids_{f.index}", min=0)
             specs.append(({0: ids}, {0: batch + 1}, *([{0: ids}] if len(x) == 3 else [])))
-    return nest.pack(engine._structure, specs, is_leaf=_is_feature)
+    return nest.pack(engine.structure, specs, is_leaf=_is_feature)
 
 
 def _is_feature(x: Any) -> bool:

@@ -27,6 +27,7 @@ from embcore import ops
 from embcore._fingerprint import fingerprint64
 from embcore.engine._store import Chunks, StoreConfig, stored_names
 from embcore.inputs import FeatureBatch
+from embcore.rows import Records, row_class
 from embcore.sharding.comm import Comm
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
@@ -270,7 +271,7 @@ class ShardedStore:
     def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
         """Each rank copies its pieces out of the full tensors (no communication)."""
         for t, name, value in items:
-            if self.tables[t].dynamic:
+            if self.records(t) != "tensors":
                 raise ValueError(
                     f"table '{self.tables[t].name}' is dynamic: its rows are loaded with "
                     "their keys (load_dynamic_state), not as a whole tensor"
@@ -292,9 +293,15 @@ class ShardedStore:
         return [
             ShardTensor(f"{t.name}.{name}", s, name)
             for t, s in zip(self.tables, self._sharded, strict=True)
-            if not t.dynamic
+            if self.records(t.index) == "tensors"
             for name in stored_names(t)
         ]
+
+    def records(self, table: int) -> Records:
+        return row_class(self.tables[table]).records
+
+    def flush_before_training_lookup(self) -> bool:
+        return any(s.flush_before_training_lookup for s in self._sharded)
 
     # ---------------------------------------------------------------- dynamic tables
     def table_keys(self, table: int) -> Tensor:
@@ -327,12 +334,10 @@ class ShardedStore:
         """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``), summed over
         the ranks (a collective)."""
         s = self._key_hash(table)
-        rows = s.rows
         mine = [0, 0, 0]
-        if rows is not None:
-            pending = rows.keyspace.pending
-            mine = [len(rows.keyspace), 0 if pending is None else len(pending)]
-            mine.append(rows.dropped_gradients)
+        if s.rows is not None:
+            info = s.rows.info()
+            mine = [info["rows"], info["pending"], info["dropped_gradients"]]
         total = [sum(v) for v in zip(*self._comm.all_gather_ints(mine), strict=True)]
         return {
             "rows": total[0],
@@ -345,7 +350,7 @@ class ShardedStore:
         """Dynamic table ``table``'s whole content, as one process's store gives it (every
         rank's keys, gathered onto every rank: a collective)."""
         s = self._key_hash(table)
-        mine = s.rows.content() if s.rows is not None else None
+        mine = s.rows.shard_content() if s.rows is not None else None
         everyone: list[Any] = [mine]
         if self._comm.distributed and self._comm.world > 1:
             everyone = [None] * self._comm.world

@@ -98,10 +98,13 @@ def export_bundle(
 
 def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None, fmt: str) -> None:
     engine = model.engine
-    tables = {name: t.detach().contiguous() for name, t in engine.embedding_tables.items()}
-    for t in engine.tables:  # a dynamic table: its rows in ascending key order, and the keys
-        if t.dynamic:
-            tables[f"{t.name}{_KEYS}"] = engine.table_keys(t.name).contiguous()
+    snapshot = engine.snapshot()
+    tables = {s.table.name: s.weight.detach().contiguous() for s in snapshot}
+    keyed = set()
+    for s in snapshot:  # a dynamic table: its rows in ascending key order, and the keys
+        if s.keys is not None:
+            keyed.add(s.table.name)
+            tables[f"{s.table.name}{_KEYS}"] = s.keys.contiguous()
     dense = {
         k: v.detach().contiguous()
         for k, v in model.state_dict().items()
@@ -126,7 +129,7 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None,
                 "vocabulary_size": t.vocabulary_size,  # null: dynamic (keys in tables.safetensors)
                 "dim": t.dim,
                 "combiner": t.combiner,
-                **({"rows": int(tables[t.name].shape[0])} if t.dynamic else {}),
+                **({"rows": int(tables[t.name].shape[0])} if t.name in keyed else {}),
             }
             for t in engine.tables
         },

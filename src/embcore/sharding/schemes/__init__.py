@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from embcore.rows._piece import Piece
 from embcore.sharding.schemes._base import (
     Scheme,
     Shard,
@@ -21,7 +22,6 @@ from embcore.sharding.schemes._base import (
     is_dynamic,
 )
 from embcore.sharding.schemes._cost import Cost, PlannedTable
-from embcore.sharding.schemes._piece import Piece
 from embcore.sharding.schemes.column_wise import ColumnWise
 from embcore.sharding.schemes.data_parallel import DataParallel
 from embcore.sharding.schemes.key_hash import KeyHash

@@ -22,10 +22,11 @@ from torch import Tensor
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
+from embcore.rows import RowEnv, RowStore, make_rows
+from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32
 from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
 from embcore.sharding.schemes._cost import Cost, PlannedTable
-from embcore.sharding.schemes._piece import Piece, initial_piece
 
 __all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "is_dynamic", "served_by"]
 
@@ -104,6 +105,8 @@ class Scheme(ABC):
     shard_fields: ClassVar[tuple[str, ...]] = ()
     #: Whether it places dynamic tables (``vocabulary_size=None``) instead of fixed ones.
     dynamic: ClassVar[bool] = False
+    #: Whether a pipelined update must be applied before the next training lookup.
+    flush_before_training_lookup: bool = False
 
     # ------------------------------------------------------------ the plan format
     @classmethod  # noqa: B027
@@ -161,11 +164,17 @@ class Scheme(ABC):
         self.rank, self.world = env.comm.rank, env.comm.world
         self.features = list(table.features)
         mine = self.piece(self.rank)
-        self.state: ops.TableState | None = None
+        #: this rank's row storage of its piece (``None``: it holds nothing)
+        self.rows: Any = None
         if mine is not None:
-            weight, slots = initial_piece(table, env.seed, mine, env.device)
-            weight, sr = weight.to(env.storage_dtype), env.stochastic_rounding
-            self.state = ops.TableState(table.name, weight, slots, table.optimizer, sr)
+            row_env = RowEnv(env.seed, env.device, env.storage_dtype, env.stochastic_rounding)
+            self.rows = make_rows(table, row_env, piece=mine)
+
+    @property
+    def state(self) -> ops.TableState | None:
+        """The kernels' view of this rank's piece (``None``: it holds nothing)."""
+        rows: RowStore | None = self.rows
+        return None if rows is None else rows.state()
 
     # ------------------------------------------------------------------- placement
     @abstractmethod

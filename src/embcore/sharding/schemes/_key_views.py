@@ -24,9 +24,9 @@ from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import ShardEnv
 
 if TYPE_CHECKING:
-    from embcore.sharding.schemes._key_rows import KeyRows
+    from embcore.rows.keyed import KeyedRows
 
-__all__ = ["KeyViews"]
+__all__ = ["KeyViews", "merge_states"]
 
 
 class KeyViews:
@@ -34,7 +34,7 @@ class KeyViews:
 
     table: ResolvedTable
     env: ShardEnv
-    rows: KeyRows | None
+    rows: KeyedRows | None
     owner: list[int]
     num_shards: int
     rank: int
@@ -54,7 +54,7 @@ class KeyViews:
         every rank."""
         if self.rows is not None:
             keys = self.rows.keys()
-            values = self.rows.read(self.rows.find(keys), name)
+            values = self.rows.read_rows(self.rows.find(keys), name)
             for dest in range(self.world):
                 if dest != self.rank:
                     ex.send(dest, keys)
@@ -69,7 +69,7 @@ class KeyViews:
                 assert self.rows is not None
                 k = self.rows.keys()
                 keys.append(k)
-                values.append(self.rows.read(self.rows.find(k), name))
+                values.append(self.rows.read_rows(self.rows.find(k), name))
             else:
                 keys.append(inbox.take(src, I64).reshape(-1))
                 tail = self.logical_tail(name)
@@ -86,7 +86,7 @@ class KeyViews:
 
     def held(self) -> int:
         """Keys holding a row on this rank."""
-        return 0 if self.rows is None else len(self.rows.keyspace)
+        return 0 if self.rows is None else len(self.rows.space)
 
     def keys_send(self, ex: Exchange) -> None:
         """Gathering the table's keys (a collective): this shard's keys to every rank."""
@@ -121,10 +121,8 @@ class KeyViews:
 
     # ------------------------------------------------------------- whole content
     def content(self, everyone: list[Any]) -> dict[str, np.ndarray]:
-        """The whole table's content from every rank's :meth:`KeyRows.content` (``None`` from
-        ranks that hold no shard), as one process's ``dynamic_state`` gives it."""
-        from embcore.sharding.schemes._key_rows import merge_states
-
+        """The whole table's content from every rank's :meth:`KeyedRows.shard_content`
+        (``None`` from ranks that hold no shard), as one process's ``dynamic_state`` gives it."""
         return merge_states([c for c in everyone if c is not None])
 
     def load_content(self, state: dict[str, Any]) -> None:
@@ -137,7 +135,7 @@ class KeyViews:
             p = self.owner.index(self.rank)
             mine = (key_shard(keys, self.num_shards) == p).numpy()
             pending_mine = (key_shard(pending, self.num_shards) == p).numpy()
-            self.rows.load(state, mine, pending_mine)
+            self.rows.load_shard(state, mine, pending_mine)
         self.step = int(np.asarray(state["step"]))
         self._trained.clear()
 
@@ -163,3 +161,26 @@ class KeyViews:
     def _slot_names(self) -> list[str]:
         opt = self.table.optimizer
         return [s.name for s in opt.slot_specs()] if opt else []
+
+
+def merge_states(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The whole table's content from every shard's :meth:`KeyedRows.shard_content`: arrays by
+    ascending key (pending entries by ascending pending key). Shards' pending-count sketches
+    (in use past ``exact_pending`` pending keys on a shard) are summed: every count stays an
+    upper bound."""
+    out: dict[str, np.ndarray] = {"step": parts[0]["step"]}
+    for prefix in ("", "pending/"):
+        if f"{prefix}keys" not in parts[0]:
+            continue
+        order = np.argsort(np.concatenate([p[f"{prefix}keys"] for p in parts]), kind="stable")
+        for name in parts[0]:
+            group = "pending/" if name.startswith("pending/") else ""
+            if group == prefix and np.ndim(parts[0][name]) > 0 and name != "pending/sketch":
+                out[name] = np.concatenate([p[name] for p in parts])[order]
+    sketches = [p for p in parts if "pending/sketch" in p]
+    if sketches:
+        out["pending/sketch"] = np.sum([p["pending/sketch"] for p in sketches], axis=0)
+        out["pending/sketched"] = np.array(
+            sum(int(p["pending/sketched"]) for p in sketches), np.int64
+        )
+    return out

@@ -26,11 +26,11 @@ from torch import Tensor
 
 from embcore import ops
 from embcore.inputs import FeatureBatch
+from embcore.rows._piece import Piece
 from embcore.sharding._wire import contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
-from embcore.sharding.schemes._piece import Piece
 
 __all__ = ["DataParallel"]
 

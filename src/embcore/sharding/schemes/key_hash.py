@@ -39,16 +39,17 @@ from torch import Tensor
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
+from embcore.rows import RowEnv, make_rows
+from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32, I64, contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
 from embcore.sharding.schemes._key_views import KeyViews
-from embcore.sharding.schemes._piece import Piece
 
 if TYPE_CHECKING:
-    from embcore.sharding.schemes._key_rows import KeyRows
+    from embcore.rows.keyed import KeyedRows
 
 __all__ = ["INDEX_BYTES_PER_KEY", "KeyHash"]
 
@@ -148,13 +149,12 @@ class KeyHash(KeyViews, Scheme):
         self.owner = list(shard.ranks)
         self.num_shards = len(self.owner)
         super().__init__(table, shard, env)  # no piece: ``state`` stays None
-        self.rows: KeyRows | None = None
-        if self.rank in self.owner:  # the dynamic package loads its kernels: only if used
-            from embcore.sharding.schemes._key_rows import KeyRows
-
-            self.rows = KeyRows(table, env.seed, env.device)
+        self.rows: KeyedRows | None = None  # type: ignore[assignment]
+        if self.rank in self.owner:  # keyed rows load the index kernels: only if used
+            self.rows = make_rows(table, RowEnv(env.seed, env.device), shard=True)  # type: ignore[assignment]
         eviction = table.config.eviction
         self.max_rows: int | None = eviction.max_rows if eviction is not None else None
+        self.flush_before_training_lookup = eviction is not None and eviction.evicts
         #: steps ended (every rank counts, owner or not: the key spaces' step)
         self.step = 0
         # (batch, (N,) rows of its keys at its training lookup, step then), oldest first:
@@ -203,7 +203,7 @@ class KeyHash(KeyViews, Scheme):
         flat = torch.cat(keys)
         if ctx.training:
             mult = torch.cat([inbox.take(src, I64).reshape(-1) for src in range(self.world)])
-            ctx.rows = self.rows.train(flat, mult, defer=self.late(ctx))
+            ctx.rows = self.rows.train_keys(flat, mult, defer=self.late(ctx))
         else:
             ctx.rows = self.rows.find(flat)
         if not self.late(ctx):
@@ -231,7 +231,7 @@ class KeyHash(KeyViews, Scheme):
 
     def _reply(self, ex: Exchange, ctx: _Forward) -> None:
         assert self.rows is not None and ctx.rows is not None
-        values, rows = self.rows.read(ctx.rows), ctx.rows
+        values, rows = self.rows.read_rows(ctx.rows), ctx.rows
         for src, (part, numbers) in enumerate(
             zip(torch.split(values, ctx.sizes), torch.split(rows, ctx.sizes), strict=True)
         ):
@@ -320,6 +320,6 @@ class KeyHash(KeyViews, Scheme):
             found = torch.cat(rows)
             held = found >= 0  # no row (pending, or evicted since the lookup): dropped
             self.rows.dropped_gradients += int((~held).sum())
-            features.append(occurrences(found[held]))
+            features.append(occurrences(self.rows.slots_of(found[held])))
             grads.append(torch.cat(parts)[held])
         return UpdateJob(self.rows.state(), features, grads, self.table.index)

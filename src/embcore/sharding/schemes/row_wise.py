@@ -32,12 +32,12 @@ from torch import Tensor
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
+from embcore.rows._piece import Piece
 from embcore.sharding import maps
 from embcore.sharding._wire import F32, I64, contributions, occurrences
 from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
-from embcore.sharding.schemes._piece import Piece
 
 __all__ = ["RowWise"]
 

@@ -28,11 +28,11 @@ from torch import Tensor
 from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
+from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32, concat_batches, send_batch, take_batch
 from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
-from embcore.sharding.schemes._piece import Piece
 
 __all__ = ["TableWise"]
 

@@ -1,8 +1,8 @@
-"""The row storage of one dynamic table in a local store: keys to rows, rows that grow.
+"""Keyed rows: a key index in front of growable rows (the kind of every dynamic table).
 
-A :class:`DynamicRows` keeps a table's :class:`~embcore.dynamic.keyspace.KeySpace` and maps
-each :class:`~embcore.inputs.FeatureBatch` of the table from keys to rows of the store's
-weight and slot tensors, so that the ordinary lookup kernels and optimizers run on them::
+A :class:`KeyedRows` keeps a table's :class:`~embcore.dynamic.keyspace.KeySpace` and maps
+each :class:`~embcore.inputs.FeatureBatch` of the table from keys to rows of its weight and
+slot tensors, so that the ordinary lookup kernels and optimizers run on them::
 
     buffer row 0          the sink: zeros, initial slots; keys without a row read it
     buffer row 1 + r      the key space's row r
@@ -10,15 +10,16 @@ weight and slot tensors, so that the ordinary lookup kernels and optimizers run 
 The buffers grow by doubling (amortised) before a training lookup could need more rows; new
 rows get their initial values and the optimizer's initial slot values when their key is
 admitted; the sink is reset after every update, so the gradient of a pending key is dropped.
-The store owns the tensors (module buffers); this class reads and replaces them through the
-two callables it is given. See docs/dynamic_tables.md.
+Persisted as content by key (``"keyed"`` records). See docs/dynamic_tables.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,9 +29,13 @@ from embcore.config import ResolvedTable
 from embcore.dynamic.index import IndexMemoryError
 from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
+from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
+from embcore.rows._contract import Records, RowEnv
+from embcore.rows._key_shard import KeyShard
+from embcore.rows._module import RowModule
 
-__all__ = ["SINK", "DynamicRows"]
+__all__ = ["SINK", "KeyedRows"]
 
 #: the buffer row that keys without a row read (zeros) and whose gradient is dropped
 SINK = 0
@@ -40,43 +45,58 @@ _REMEMBERED = 4
 _MIN_CAPACITY = 16
 
 
-class DynamicRows:
-    """One dynamic table's key space and the mapping of its batches to buffer rows.
+class KeyedRows(KeyShard, RowModule):
+    """One dynamic table's key space and the mapping of its batches to rows.
 
     Args:
         table: the resolved table (``table.dynamic``).
-        seed: the engine's seed (the default initializer's).
-        get: ``get(name) -> Tensor``: the store's ``weight`` or slot tensor of this table.
-        put: ``put(name, tensor)``: replace it (after growing).
+        env: the engine's seed (the default initializer's), device and storage dtype.
+        shard: one key shard of a sharded table (:class:`~embcore.rows._key_shard.KeyShard`
+            has the owner's side of ``key_hash``): it evicts by ``steps_to_live`` itself,
+            while the table's ``max_rows`` is chosen over every shard.
+
+    Raises:
+        ValueError: the optimizer has a ``slot_variable_creation_fn`` (new rows take the
+            slots' initial values).
     """
 
-    def __init__(
-        self,
-        table: ResolvedTable,
-        seed: int,
-        get: Callable[[str], Tensor],
-        put: Callable[[str, Tensor], None],
-    ) -> None:
+    kind: ClassVar[str] = "keyed"
+    records: ClassVar[Records] = "keyed"
+
+    def __init__(self, table: ResolvedTable, env: RowEnv, shard: bool = False) -> None:
+        super().__init__(table, env.stochastic_rounding)
+        if table.optimizer is not None and table.optimizer.slot_variable_creation_fn:
+            raise ValueError(
+                f"table '{table.name}': slot_variable_creation_fn is not supported for dynamic "
+                "tables (vocabulary_size=None): new rows take the slots' initial values"
+            )
         cfg = table.config
-        self.table = table
-        self.seed = seed
-        self.space = KeySpace(table.name, cfg.admission, cfg.eviction)
+        self.seed = env.seed
+        self.steps_to_live = (cfg.eviction or Eviction()).steps_to_live
+        self._eviction = Eviction(steps_to_live=self.steps_to_live) if shard else cfg.eviction
+        self.space = KeySpace(table.name, cfg.admission, self._eviction)
+        #: the last training lookup's new keys (ascending) and their key-space rows
+        self.new = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         #: occurrences whose gradient was dropped (keys pending admission, or evicted between
         #: their lookup and its update)
         self.dropped_gradients = 0
-        self._get, self._put = get, put
         opt = table.optimizer
         self._slot_init = {s.name: s.initial_value for s in opt.slot_specs()} if opt else {}
+        for name, value in _buffers(
+            table, _MIN_CAPACITY + 1, env.device, env.storage_dtype
+        ).items():
+            self.put(name, value)
         # (original batch, mapped batch, key-space step at the lookup), oldest first: updates
         # come in the order of their lookups (a batch object may be looked up more than once)
         self._trained: deque[tuple[FeatureBatch, FeatureBatch, int]] = deque()
 
-    @staticmethod
-    def initial_buffers(
-        table: ResolvedTable, device: torch.device, dtype: torch.dtype
-    ) -> dict[str, Tensor]:
-        """``weight`` and slots of an empty table: the sink and a few free rows."""
-        return _buffers(table, _MIN_CAPACITY + 1, device, dtype)
+    @property
+    def flush_before_training_lookup(self) -> bool:
+        """Whether keys may be evicted (``steps_to_live`` or ``max_rows`` set): then a
+        pipelined update must be applied before the next training lookup, whose rows its step
+        boundary could free (docs/dynamic_tables.md, "Pipelining")."""
+        ev = self.table.config.eviction
+        return ev is not None and ev.evicts
 
     # ------------------------------------------------------------------ lookups
     def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:
@@ -131,39 +151,79 @@ class DynamicRows:
         self.dropped_gradients += sum(int((m.values == SINK).sum()) for m in out)
         return out
 
-    def end_step(self) -> None:
+    def end_step(self, evict: int | None = None) -> None:
         """After the step's update: reset the sink, then evict (freed rows are re-initialised
-        when a later key takes them)."""
-        self._get("weight")[SINK].zero_()
+        when a later key takes them). ``evict``: a key shard's part of the table's
+        ``max_rows`` eviction, its least used survivors of ``steps_to_live`` (``None``: the
+        table's own eviction, one process)."""
+        self.tensor("weight")[SINK].zero_()
         for name, value in self._slot_init.items():
-            self._get(name)[SINK].fill_(value)
-        self.space.end_step()
+            self.tensor(name)[SINK].fill_(value)
+        if evict is None:
+            self.space.end_step()
+            return
+        keep = len(self.survivors()[0]) - evict if evict > 0 else None
+        self.space.eviction = _StepLimits(self.steps_to_live, keep)  # type: ignore[assignment]
+        try:
+            self.space.end_step()
+        finally:
+            self.space.eviction = self._eviction
 
     # ------------------------------------------------------------------ reading
-    def keys(self) -> np.ndarray:
-        """``(R,) int64`` ascending: the keys holding a row."""
-        return self.space.keys()
+    def shape(self, name: str) -> tuple[int, ...]:
+        return (len(self.space), *self.tensor(name).shape[1:])
 
-    def rows(self, keys: np.ndarray, name: str = "weight") -> Tensor:
+    def read(self, name: str) -> Tensor:
+        """A copy of ``name``'s rows in ascending key order."""
+        return self._values(self.space.keys(), name)
+
+    def write(self, name: str, value: Tensor) -> None:
+        raise ValueError(
+            f"table '{self.table.name}' is dynamic: its rows are loaded with their keys "
+            "(load_dynamic_state), not as a whole tensor"
+        )
+
+    def keys(self) -> Tensor:
+        return torch.from_numpy(self.space.keys())
+
+    def rows(self, ids: Tensor) -> Tensor:
+        return self._values(ids.cpu().numpy()).to(torch.float32)
+
+    def info(self) -> dict[str, int]:
+        pending = self.space.pending
+        return {
+            "rows": len(self.space),
+            "pending": 0 if pending is None else len(pending),
+            "dropped_gradients": self.dropped_gradients,
+            "step": self.space.step,
+        }
+
+    def rows_held(self) -> int:
+        return len(self.space)
+
+    def tensors(self) -> list:
+        return []
+
+    def _values(self, keys: np.ndarray, name: str = "weight") -> Tensor:
         """``(N, ...)`` values of ``name`` for ``keys`` (zeros / initial slot values for keys
         without a row); inserts nothing."""
         found = self.space.lookup(keys)
-        buffer = self._get(name)
+        buffer = self.tensor(name)
         index = torch.from_numpy(np.where(found >= 0, found + 1, SINK)).to(buffer.device)
         return buffer.index_select(0, index)
 
-    def state(self) -> dict[str, np.ndarray | Tensor]:
+    def content(self) -> dict[str, np.ndarray | Tensor]:
         """The key space's :meth:`~KeySpace.state` (without ``rows``), plus ``weight`` and each
         slot as ``(R, ...)`` tensors in key order: the table's whole content."""
         state: dict[str, np.ndarray | Tensor] = dict(self.space.state())
         rows = torch.from_numpy(state.pop("rows") + 1)
         for name in ("weight", *self._slot_init):
-            buffer = self._get(name)
+            buffer = self.tensor(name)
             state[name] = buffer.index_select(0, rows.to(buffer.device))
         return state
 
-    def load_state(self, state: dict[str, np.ndarray | Tensor]) -> None:
-        """Replace the table's content with a :meth:`state` (key ``keys[i]`` on row ``i``).
+    def load_content(self, state: dict[str, Any]) -> None:
+        """Replace the table's content with a :meth:`content` (key ``keys[i]`` on row ``i``).
 
         Raises:
             ValueError: a part is missing or of the wrong shape; nothing was changed.
@@ -179,13 +239,13 @@ class DynamicRows:
             raise ValueError(f"table '{name}': a dynamic table's state needs {lacking}")
         n = arrays["keys"].shape[0] if arrays["keys"].ndim == 1 else -1
         cfg = self.table.config
-        space = KeySpace.from_state(name, arrays, cfg.admission, cfg.eviction)
+        space = KeySpace.from_state(name, arrays, cfg.admission, self._eviction)
         values = {}
         for part in ("weight", *self._slot_init):
             if part not in state:
                 raise ValueError(f"table '{name}': a dynamic table's state needs '{part}'")
             value = torch.as_tensor(state[part])
-            want = self._get(part).shape[1:]
+            want = self.tensor(part).shape[1:]
             if tuple(value.shape) != (n, *want):
                 raise ValueError(
                     f"table '{name}': saved '{part}' must have shape {(n, *want)}, got "
@@ -196,22 +256,22 @@ class DynamicRows:
         for part, value in values.items():
             fresh[part][1 : n + 1] = value.to(fresh[part])
         for part, value in fresh.items():
-            self._put(part, value)
+            self.put(part, value)
         self.space = space
         self._trained.clear()
 
     # ------------------------------------------------------------------ internals
     @property
     def _device(self) -> torch.device:
-        return self._get("weight").device
+        return self.tensor("weight").device
 
     @property
     def _dtype(self) -> torch.dtype:
-        return self._get("weight").dtype
+        return self.tensor("weight").dtype
 
     def _reserve(self, rows: int) -> None:
         """Room for ``rows`` key-space rows (plus the sink), doubling the capacity."""
-        have = self._get("weight").shape[0] - 1
+        have = self.tensor("weight").shape[0] - 1
         if rows <= have:
             return
         size = max(rows, 2 * have, _MIN_CAPACITY) + 1
@@ -226,23 +286,31 @@ class DynamicRows:
                 f"training lookup ({len(self.space)} keys held); nothing was changed"
             ) from e
         for name in names:
-            old = self._get(name)
+            old = self.tensor(name)
             fresh[name][: old.shape[0]] = old
         for name in names:
-            self._put(name, fresh[name])
+            self.put(name, fresh[name])
 
-    def _initialise(self, new_keys: np.ndarray, rows: np.ndarray) -> None:
-        """Initial values and optimizer slots of the rows just given to ``new_keys``."""
-        if new_keys.size == 0:
+    def _initialise(
+        self, new_keys: np.ndarray, rows: np.ndarray, drawn: np.ndarray | None = None
+    ) -> None:
+        """Initial values and optimizer slots of the rows just given to ``new_keys``.
+
+        Args:
+            drawn: ``(A,) int64`` ascending keys to call the initializer with, of which
+                ``new_keys`` are a part (a key shard: every shard's new keys, so that a user
+                initializer draws as one process does); default ``new_keys``.
+        """
+        if (new_keys if drawn is None else drawn).size == 0:
             return
         cfg = self.table.config
-        weight = self._get("weight")
+        weight = self.tensor("weight")
         index = torch.from_numpy(rows + 1).to(weight.device)
         for name, value in self._slot_init.items():
-            self._get(name).index_fill_(0, index, value)
+            self.tensor(name).index_fill_(0, index, value)
         try:
             values = new_rows(
-                new_keys,
+                new_keys if drawn is None else drawn,
                 table=self.table.name,
                 dim=cfg.dim,
                 seed=self.seed,
@@ -252,6 +320,8 @@ class DynamicRows:
             # the keys are admitted: never leave a reused row with an evicted key's values
             weight.index_fill_(0, index, 0.0)
             raise
+        if drawn is not None:
+            values = values[np.searchsorted(drawn, new_keys)]
         weight.index_copy_(0, index, torch.from_numpy(values).to(weight))
 
     def _split(self, batches: Sequence[FeatureBatch], rows: np.ndarray) -> list[FeatureBatch]:
@@ -263,6 +333,16 @@ class DynamicRows:
             out.append(dataclasses.replace(b, values=values))
             start += n
         return out
+
+
+@dataclass(frozen=True)
+class _StepLimits:
+    """What :meth:`KeySpace.end_step` reads of an eviction, for one step of a key shard: the
+    table's ``steps_to_live`` and this shard's part of the table's ``max_rows`` eviction
+    (which may be 0: every survivor of this shard goes)."""
+
+    steps_to_live: int | None
+    max_rows: int | None
 
 
 def _buffers(

@@ -1,29 +1,28 @@
-"""A fixed table on local disk behind a bounded RAM cache of rows: the disk row storage.
+"""One fixed table's rows on local disk behind a bounded RAM cache: the disk tier.
 
 Rows and optimizer slots live in one working file of fixed-size records
 (:mod:`embcore.disk._file`); a :class:`~embcore.disk._cache.RowCache` of at most
-``cache_bytes`` holds the rows in use. For each step the table's ids are mapped to cache
-slots, reading the rows not cached (and writing back the changed rows they displace), and the
-ordinary fused kernels run on the cache's tensors: the numbers are those of the in-memory
-table, bit for bit, whatever the cache size::
+``cache_bytes`` holds the rows in use. :meth:`DiskTable.slots` brings a call's rows into the
+cache (reading those not cached, writing back the changed rows they displace) and returns
+their cache slots, on which the row storage (:mod:`embcore.rows.disk`) runs the ordinary
+fused kernels::
 
-    ids of the step --map--> cache slots --ops.lookup / ops.update--> cache tensors
-                                 ^   | evict (write back changed rows)
-                         read    |   v
-                          working file: record i = row i and its slots
+    ids of a call --slots()--> cache slots --ops.lookup / ops.update--> cache tensors
+                                  ^   | evict (write back changed rows)
+                          read    |   v
+                           working file: record i = row i and its slots
 
 Creating a table writes nothing: the file is sparse, and the rows of an initializer block
 (:data:`embcore.initializers.BLOCK_ROWS` rows) are drawn and written when one of them is
-first needed, from the same deterministic initializer as the in-memory table. A batch handed
-to :meth:`prefetch` (``EmbeddingEngine.prepare``, ``ec.Prefetcher``) has its missing rows
-read on a background thread while the current step computes. See docs/disk_tables.md.
+first needed, from the same deterministic initializer as the in-memory table. Rows handed to
+:meth:`DiskTable.prefetch` are read on a background thread; copies that a later write-back
+made stale are dropped. See docs/disk_tables.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -31,17 +30,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from embcore import ops
-from embcore._lazy_box import LazyBox
 from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
 from embcore.initializers import BLOCK_ROWS, initial_rows
-from embcore.inputs import FeatureBatch
 from embcore.ops.cpu import threads
 from embcore.storage import DiskStorage, cached_row_bytes
 
-__all__ = ["DiskRows", "row_bytes"]
+__all__ = ["DiskTable", "row_bytes", "row_shapes"]
 
 #: rows per request when a whole block or range is read or written (a 4-8 MiB buffer)
 _CHUNK = 8192
@@ -53,7 +49,7 @@ _MAX_STAGED = 4
 _prefetcher = ThreadPoolExecutor(1, thread_name_prefix="embcore-disk-prefetch")
 
 
-def _row_shapes(table: ResolvedTable) -> dict[str, tuple[int, ...]]:
+def row_shapes(table: ResolvedTable) -> dict[str, tuple[int, ...]]:
     opt, dim = table.optimizer, table.dim
     shapes = {"weight": (dim,)}
     for spec in opt.slot_specs() if opt else ():
@@ -63,11 +59,11 @@ def _row_shapes(table: ResolvedTable) -> dict[str, tuple[int, ...]]:
 
 def row_bytes(table: ResolvedTable) -> int:
     """RAM one cached row of ``table`` costs: its values and the cache's bookkeeping."""
-    floats = sum(s[0] if s else 1 for n, s in _row_shapes(table).items() if n != "weight")
+    floats = sum(s[0] if s else 1 for n, s in row_shapes(table).items() if n != "weight")
     return cached_row_bytes(table.dim, floats)
 
 
-class DiskRows:
+class DiskTable:
     """Table ``table``'s rows in ``storage.directory``, at most ``cache_bytes`` of them in RAM.
 
     Args:
@@ -95,7 +91,7 @@ class DiskRows:
             )
         self.table, self.seed, self.storage = table, seed, storage
         self.rows = int(table.vocabulary_size)
-        shapes = _row_shapes(table)
+        shapes = row_shapes(table)
         self._init = {s.name: s.initial_value for s in opt.slot_specs()} if opt else {}
         layout = RecordLayout(table.dim, tuple((n, s) for n, s in shapes.items() if n != "weight"))
         self.file = RowFile(
@@ -108,30 +104,26 @@ class DiskRows:
         self._block = _MAKE_ROWS
         self._made = np.zeros(-(-self.rows // self._block), np.bool_)  # blocks written once
         self._user_rows: Tensor | None = None
-        self._state: ops.TableState | None = None
         self.io = {"rows_read": 0, "rows_written": 0, "prefetched_rows": 0, "prefetch_used": 0}
         self.io["deferred_write_backs"] = 0
         self._lock = threading.RLock()  # guards the index against the prefetch thread
         self._staged: list[Future] = []
         self._writes: list[np.ndarray] = []  # ids written back while a prefetch is pending
 
-    # ------------------------------------------------------------------ the step
-    def state(self) -> ops.TableState:
-        """The cache's tensors as the kernels see them (rebuilt when they are replaced)."""
-        t = self.cache.tensors
-        if self._state is None or self._state.weight is not t["weight"]:
-            slots = {n: v for n, v in t.items() if n != "weight"}
-            self._state = ops.TableState(self.table.name, t["weight"], slots, self.table.optimizer)
-        return self._state
-
-    def map(self, batches: Sequence[FeatureBatch], training: bool = False) -> list[FeatureBatch]:
-        """The batches with ids replaced by cache slots, reading the rows not cached."""
-        return self._map(batches, changed=False)
-
-    def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
-        """The slots the update of ``batches`` writes (read again if evicted since their
-        lookup); those rows are marked changed."""
-        return self._map(batches, changed=True)
+    # ------------------------------------------------------------------ a call's rows
+    def slots(self, ids: np.ndarray, changed: bool) -> np.ndarray:
+        """``(N,) int64`` cache slots of ``ids: (N,) int64`` (unique), reading the rows not
+        cached; none of them is evicted before the next call. ``changed``: an update will
+        write them (and the call is not counted as a lookup in the hit statistics)."""
+        slots, missing = self.cache.begin(ids, count=not changed)
+        if missing.size:
+            rows = self._fetch(missing)
+            with self._lock:  # the prefetch thread reads the index
+                new = self.cache.insert(missing, rows)
+            slots[np.searchsorted(ids, missing)] = new
+        if changed:
+            self.cache.changed[slots] = True
+        return slots
 
     def end_step(self) -> None:
         """After the update: a cache that grew for an oversized step empties itself. If its
@@ -143,33 +135,11 @@ class DiskRows:
             except DiskTableError:
                 self.io["deferred_write_backs"] += 1
 
-    def _map(self, batches: Sequence[FeatureBatch], changed: bool) -> list[FeatureBatch]:
-        flat = np.concatenate([b.values.cpu().numpy() for b in batches]) if batches else None
-        if flat is None or flat.size == 0:
-            return list(batches)
-        unique, inverse = np.unique(flat, return_inverse=True)
-        slots, missing = self.cache.begin(unique, count=not changed)
-        if missing.size:
-            rows = self._fetch(missing)
-            with self._lock:  # the prefetch thread reads the index
-                new = self.cache.insert(missing, rows)
-            slots[np.searchsorted(unique, missing)] = new
-        if changed:
-            self.cache.changed[slots] = True
-        mapped = slots[inverse.reshape(-1)]
-        out, start = [], 0
-        for b in batches:
-            n = b.values.numel()
-            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
-            out.append(dataclasses.replace(b, values=values))
-            start += n
-        return out
-
     # ------------------------------------------------------------------ reading rows
     def _fetch(self, ids: np.ndarray) -> dict[str, Tensor]:
         """``name -> (N, ...)`` values of ``ids`` (ascending, not cached): prefetched, read
         from the file, or drawn for a block never written (which is written now)."""
-        out = {n: torch.empty((ids.size, *s)) for n, s in _row_shapes(self.table).items()}
+        out = {n: torch.empty((ids.size, *s)) for n, s in row_shapes(self.table).items()}
         blocks = ids // self._block
         for block in np.unique(blocks[~self._made[blocks]]).tolist():
             self._make_block(block)
@@ -222,7 +192,7 @@ class DiskRows:
                 )
             weight = self._user_rows[start:stop]
         out = {"weight": weight}
-        for name, shape in _row_shapes(self.table).items():
+        for name, shape in row_shapes(self.table).items():
             if name != "weight":
                 out[name] = torch.full((stop - start, *shape), self._init[name])
         return out
@@ -315,7 +285,7 @@ class DiskRows:
         ids = np.arange(start, stop)
         out = self.initial(start, stop) if not self._made[ids // self._block].all() else None
         if out is None:
-            out = {n: torch.empty((ids.size, *s)) for n, s in _row_shapes(self.table).items()}
+            out = {n: torch.empty((ids.size, *s)) for n, s in row_shapes(self.table).items()}
         written = np.flatnonzero(self._made[ids // self._block])
         if written.size:
             records = aligned(written.size, self.file.dtype)
@@ -328,6 +298,41 @@ class DiskRows:
             index, rows = torch.from_numpy(slots[held]), torch.from_numpy(held)
             for name, tensor in self.cache.tensors.items():
                 out[name].index_copy_(0, rows, tensor.index_select(0, index))
+        return out
+
+    def peek(self, ids: np.ndarray) -> dict[str, Tensor]:
+        """``name -> (N, ...)``: the current rows of ``ids: (N,) int64`` (any order, repeats
+        allowed), cached or not, caching nothing.
+
+        Raises:
+            ValueError: an id is outside ``[0, rows)``.
+        """
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):
+            bad = ids[(ids < 0) | (ids >= self.rows)][:5].tolist()
+            raise ValueError(f"table '{self.table.name}': ids {bad} are outside [0, {self.rows})")
+        out = {n: torch.empty((ids.size, *s)) for n, s in row_shapes(self.table).items()}
+        blocks = ids // self._block
+        made = self._made[blocks]
+        for block in np.unique(blocks[~made]).tolist():
+            at = np.flatnonzero(blocks == block)
+            start = int(ids[at].min())
+            drawn = self.initial(start, int(ids[at].max()) + 1)
+            index = torch.from_numpy(ids[at] - start)
+            for name, tensor in out.items():
+                tensor[torch.from_numpy(at)] = drawn[name].index_select(0, index)
+        if made.any():
+            unique, inverse = np.unique(ids[made], return_inverse=True)
+            records = aligned(unique.size, self.file.dtype)
+            self.file.read(unique, records)
+            self._check(unique, records)
+            self._unpack(records[inverse.reshape(-1)], out, np.flatnonzero(made))
+        slots = self.cache.lookup(ids)
+        held = np.flatnonzero(slots >= 0)
+        if held.size:
+            index, at = torch.from_numpy(slots[held]), torch.from_numpy(held)
+            for name, tensor in self.cache.tensors.items():
+                out[name].index_copy_(0, at, tensor.index_select(0, index))
         return out
 
     def load_range(self, start: int, values: dict[str, Tensor]) -> None:
@@ -348,7 +353,7 @@ class DiskRows:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The logical shape of ``weight`` or a slot: ``(rows, ...)``."""
-        return (self.rows, *_row_shapes(self.table)[name])
+        return (self.rows, *row_shapes(self.table)[name])
 
     def load_part(self, name: str, value: Tensor, start: int = 0) -> None:
         """Replace ``name`` (``weight`` or a slot) of rows ``[start, start + N)`` with
@@ -358,10 +363,6 @@ class DiskRows:
             rows = self.read_range(start + a, start + b)
             rows[name] = value[a:b].to(torch.float32)
             self.load_range(start + a, rows)
-
-    def stored(self, name: str) -> DiskTensor:
-        """``name`` as a checkpoint sees it (:class:`DiskTensor`)."""
-        return DiskTensor(self, name)
 
     def make_all(self) -> None:
         """Write every block never written (the file then takes its full size)."""
@@ -388,39 +389,3 @@ class DiskRows:
         """Release the file and its lock (the engine is done with the table)."""
         self.wait_prefetch()
         self.file.close()
-
-
-class DiskTensor:
-    """``weight`` or one slot of a disk table as a checkpoint sees it: boxes of
-    :data:`_CHUNK` rows, each read from the table when the checkpoint writes it and written
-    to the table as soon as a load has filled it (:class:`~embcore._lazy_box.LazyBox`)."""
-
-    def __init__(self, rows: DiskRows, name: str) -> None:
-        self.key = f"{rows.table.name}.{name}"
-        self.shape, self.dtype = rows.shape(name), torch.float32
-        self._rows, self._name = rows, name
-
-    def _boxes(self, load: bool) -> list[tuple[tuple[int, ...], Any]]:
-        rows, name, tail = self._rows, self._name, (0,) * (len(self.shape) - 1)
-        return [
-            (
-                (a, *tail),
-                LazyBox(
-                    (b - a, *self.shape[1:]),
-                    self.dtype,
-                    read=None if load else lambda a=a, b=b: rows.read_range(a, b)[name],
-                    write=(lambda v, a=a: rows.load_part(name, v, a)) if load else None,
-                ),
-            )
-            for a, b in rows.ranges()
-        ]
-
-    def chunks(self) -> list[tuple[tuple[int, ...], Any]]:
-        return self._boxes(load=False)
-
-    def load_chunks(self) -> list[tuple[tuple[int, ...], Any]]:
-        self._rows.wait_prefetch()  # rows read ahead of the load are stale after it
-        return self._boxes(load=True)
-
-    def finish_load(self, chunks: list[tuple[tuple[int, ...], Any]]) -> None:
-        """Nothing to move: each box was written to the table when it was filled."""

@@ -1,0 +1,68 @@
+"""The registry of row-storage kinds, and the one place a table's kind is chosen."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from embcore.config import ResolvedTable
+from embcore.rows._contract import RowEnv, RowStore
+
+__all__ = ["ROWS", "kind_of", "make_rows", "register", "row_class"]
+
+#: Kind name -> its class, or ``"module:Class"`` imported when a table first needs it (so a
+#: kind's dependencies load only when used).
+ROWS: dict[str, str | type] = {
+    "dense": "embcore.rows.dense:DenseRows",
+    "keyed": "embcore.rows.keyed:KeyedRows",
+    "disk": "embcore.rows.disk:DiskRows",
+}
+
+
+def register(kind: str, cls: str | type) -> None:
+    """Register a row-storage kind (a class following :class:`RowStore`, or
+    ``"module:Class"``) under ``kind``; a table whose ``TableConfig.storage`` names it gets it."""
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"embcore.rows.register: kind must be a non-empty str, got {kind!r}")
+    ROWS[kind] = cls
+
+
+def kind_of(table: ResolvedTable) -> str:
+    """The kind of row storage ``table`` gets: the kind its storage names (an object with a
+    ``kind`` attribute: its ``TableConfig.storage`` or the engine's default), else
+    ``"keyed"`` for a dynamic table (``vocabulary_size=None``) and ``"dense"`` for a fixed
+    one."""
+    storage = getattr(table, "storage", None) or getattr(table.config, "storage", None)
+    kind = getattr(storage, "kind", None)
+    if kind is not None:
+        return kind
+    return "keyed" if table.config.vocabulary_size is None else "dense"
+
+
+def _class(kind: str, table: str) -> Any:
+    if kind not in ROWS:
+        raise ValueError(
+            f"table '{table}': no row storage of kind {kind!r} is registered (known: "
+            f"{sorted(ROWS)}); register one with embcore.rows.register"
+        )
+    cls = ROWS[kind]
+    if isinstance(cls, str):
+        module, name = cls.split(":")
+        cls = ROWS[kind] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+def row_class(table: ResolvedTable) -> type[RowStore]:
+    """The class of ``table``'s row storage (its ``records``, without building one)."""
+    return _class(kind_of(table), table.name)
+
+
+def make_rows(table: ResolvedTable, env: RowEnv, **part: Any) -> RowStore:
+    """The row storage of ``table`` on this process, of the kind :func:`kind_of` picks.
+
+    Args:
+        part: which part of the table it holds, as the kind takes it: nothing for the whole
+            table in one process; ``piece=`` (:class:`embcore.rows.Piece`) for a dense
+            shard; ``shard=True`` for one key shard of a keyed table.
+    """
+    return row_class(table)(table, env, **part)  # type: ignore[call-arg]
