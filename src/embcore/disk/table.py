@@ -114,7 +114,11 @@ class DiskTable:
     def slots(self, ids: np.ndarray, changed: bool) -> np.ndarray:
         """``(N,) int64`` cache slots of ``ids: (N,) int64`` (unique), reading the rows not
         cached; none of them is evicted before the next call. ``changed``: an update will
-        write them (and the call is not counted as a lookup in the hit statistics)."""
+        write them (and the call is not counted as a lookup in the hit statistics). A cache
+        that an earlier call grew past its capacity (an evaluation lookup has no step end)
+        empties itself first."""
+        if self.cache.ids.size > self.capacity:
+            self.end_step()
         slots, missing = self.cache.begin(ids, count=not changed)
         if missing.size:
             rows = self._fetch(missing)
@@ -252,7 +256,8 @@ class DiskTable:
             later = self._writes[writes:]
             if not self._staged:
                 self._writes.clear()
-        self.io["prefetched_rows"] += int(have.size)
+        self.io["prefetched_rows"] += int(have.size)  # read ahead: counted as read
+        self.io["rows_read"] += int(have.size)
         if have.size == 0:
             return
         at = np.searchsorted(have, ids).clip(max=have.size - 1)
