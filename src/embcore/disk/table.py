@@ -119,9 +119,13 @@ class DiskTable:
         empties itself first."""
         if self.cache.ids.size > self.capacity:
             self.end_step()
+        with self._lock:  # a lookup takes the oldest prefetch, used or not (they stay in step)
+            staged = self._staged.pop(0) if self._staged and not changed else None
         slots, missing = self.cache.begin(ids, count=not changed)
+        if missing.size == 0 and staged is not None:
+            self._use_prefetched(staged, missing, {}, np.zeros(0, np.bool_))
         if missing.size:
-            rows = self._fetch(missing)
+            rows = self._fetch(missing, staged)
             with self._lock:  # the prefetch thread reads the index
                 new = self.cache.insert(missing, rows)
             slots[np.searchsorted(ids, missing)] = new
@@ -140,15 +144,16 @@ class DiskTable:
                 self.io["deferred_write_backs"] += 1
 
     # ------------------------------------------------------------------ reading rows
-    def _fetch(self, ids: np.ndarray) -> dict[str, Tensor]:
-        """``name -> (N, ...)`` values of ``ids`` (ascending, not cached): prefetched, read
-        from the file, or drawn for a block never written (which is written now)."""
+    def _fetch(self, ids: np.ndarray, staged: Future | None = None) -> dict[str, Tensor]:
+        """``name -> (N, ...)`` values of ``ids`` (ascending, not cached): prefetched (by
+        ``staged``), read from the file, or drawn for a block never written (written now)."""
         out = {n: torch.empty((ids.size, *s)) for n, s in row_shapes(self.table).items()}
         blocks = ids // self._block
         for block in np.unique(blocks[~self._made[blocks]]).tolist():
             self._make_block(block)
         todo = np.ones(ids.size, np.bool_)
-        self._use_prefetched(ids, out, todo)
+        if staged is not None:
+            self._use_prefetched(staged, ids, out, todo)
         if todo.any():
             want = ids[todo]
             records = aligned(want.size, self.file.dtype)
@@ -243,13 +248,13 @@ class DiskTable:
         self.file.read(ids, records)
         return ids, records, writes
 
-    def _use_prefetched(self, ids: np.ndarray, out: dict[str, Tensor], todo: np.ndarray) -> None:
-        """Fill ``out`` at the ``ids`` (ascending) the oldest prefetch read and no write-back
+    def _use_prefetched(
+        self, staged: Future, ids: np.ndarray, out: dict[str, Tensor], todo: np.ndarray
+    ) -> None:
+        """Fill ``out`` at the ``ids`` (ascending) that ``staged`` read and no write-back
         changed since; clear ``todo`` there. A failed prefetch is ignored (the rows are read
         now, and an error raised then)."""
-        with self._lock:
-            staged = self._staged.pop(0) if self._staged else None
-        if staged is None or staged.exception() is not None:
+        if staged.exception() is not None:
             return
         have, records, writes = staged.result()
         with self._lock:
