@@ -197,7 +197,7 @@ def child(config: str) -> None:
         _prefill(d)
     out["prefill_s"] = time.perf_counter() - start
     out["disk_bytes"] = sum(d.file.disk_bytes for d in disks)
-    out["capacity"] = [d.capacity for d in disks]
+    out["capacity"] = {d.table.name: d.capacity for d in disks}  # engine order is not t0..t25
     out["record_bytes"] = disks[0].file.record_bytes
     start = time.perf_counter()
     with torch.no_grad():
@@ -311,7 +311,7 @@ def _oom_kills(group: Path) -> int:
     return 0
 
 
-def _ideal(w: Workload, options: dict[str, Any], capacity: list[int]) -> dict[str, float]:
+def _ideal(w: Workload, options: dict[str, Any], capacity: dict[str, int]) -> dict[str, float]:
     """Hit rate of Belady's cache of each table's capacity on the run's ids (warm-up calls
     included, hits counted over the timed steps), beside the same count's total."""
     warm = make_batches(w, options["warm"], seed=1)
@@ -321,7 +321,7 @@ def _ideal(w: Workload, options: dict[str, Any], capacity: list[int]) -> dict[st
         calls = [np.unique(b.values[t]) for b in warm + steps]
         stream = np.concatenate(calls)
         skip = sum(c.size for c in calls[: len(warm) + options["warmup"]])
-        hits += belady_hits(stream, capacity[t], skip)
+        hits += belady_hits(stream, capacity[f"t{t}"], skip)
         lookups += stream.size - skip
     return {"hits": hits, "lookups": lookups, "hit_rate": hits / lookups}
 

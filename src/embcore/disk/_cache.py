@@ -37,8 +37,8 @@ class RowCache:
         capacity: rows held between steps, >= 1.
         shapes: ``name -> per-row shape`` of ``weight`` (``(dim,)``) and each optimizer slot
             (``(dim,)`` or ``()``), all float32.
-        fill: ``fill(name) -> float``: the value a free slot holds (0 for the weight, a slot's
-            initial value), so that a free slot never carries another row's numbers.
+        fill: ``fill(name) -> float``: the value an unused slot of new tensors holds (0 for
+            the weight, a slot's initial value).
         write_back: ``write_back(ids, rows)``: store changed rows (``ids: (N,) int64``
             ascending, ``rows: name -> (N, ...) tensor``); raises to keep them cached.
     """
@@ -137,11 +137,8 @@ class RowCache:
             self._write_back(
                 self.ids[dirty], {n: t.index_select(0, index) for n, t in self.tensors.items()}
             )
-        self.index.remove(self.ids[slots])
-        index = torch.from_numpy(slots)
-        for name, tensor in self.tensors.items():
-            tensor.index_fill_(0, index, self._fill(name))
-        self.ids[slots] = -1
+        self.index.remove(self.ids[slots])  # the freed slots keep stale values: no id maps
+        self.ids[slots] = -1  # to them until insert() overwrites them
         self.changed[slots] = False
         self.stats["evicted_rows"] += int(slots.size)
 
