@@ -3,7 +3,7 @@
 The public names are re-exported here; everything else is private.
 """
 
-from embcore.config import FeatureConfig, TableConfig
+from embcore.config import CountAdmission, Eviction, FeatureConfig, TableConfig
 from embcore.engine import EmbeddingEngine, PreparedBatch
 from embcore.inputs import FeatureBatch, RaggedIds
 from embcore.optimizers import (
@@ -24,14 +24,11 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> object:
     # Submodules with heavier imports (torch.distributed.checkpoint), loaded on first use:
-    # ec.checkpoint.save(...), ec.sharding.plan(...); the dynamic tables' configs load the
-    # dynamic package's kernels, so they too: ec.CountAdmission, ec.Eviction.
+    # ec.checkpoint.save(...), ec.sharding.plan(...).
     import importlib
 
     if name in ("checkpoint", "sharding"):
         return importlib.import_module(f"embcore.{name}")
-    if name in ("CountAdmission", "Eviction"):
-        return getattr(importlib.import_module("embcore.dynamic.policy"), name)
     raise AttributeError(f"module 'embcore' has no attribute {name!r}")
 
 

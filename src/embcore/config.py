@@ -8,7 +8,6 @@ gives unnamed tables ``table_<i>`` names and fills in the global optimizer, into
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,8 @@ from embcore.storage import DiskStorage, cached_row_bytes
 
 __all__ = [
     "COMBINERS",
+    "CountAdmission",
+    "Eviction",
     "FeatureConfig",
     "ResolvedFeature",
     "ResolvedTable",
@@ -34,6 +35,48 @@ COMBINERS: tuple[str, ...] = ("mean", "sum", "sqrtn")
 
 Initializer = Callable[..., Any]
 """``initializer(shape, dtype=torch.float32) -> Tensor | ndarray`` of the full table shape."""
+
+
+# ------------------------------------------------------------- dynamic tables' policies
+# ``CountAdmission`` and ``Eviction`` are the configs of a dynamic table's admission and
+# eviction; their rules over arrays are ``embcore.dynamic.policy`` (docs/dynamic_tables.md).
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountAdmission:
+    """Admit a key once it occurred ``min_count`` times in training lookups.
+
+    Every occurrence counts: repeats within one lookup and in every feature sharing the table.
+    Before admission a key reads zeros and its gradient is dropped.
+    """
+
+    min_count: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("CountAdmission", "min_count", self.min_count, minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eviction:
+    """Remove rows at step boundaries: after ``steps_to_live`` steps without a training
+    lookup, and beyond ``max_rows`` rows (least frequently used first). ``None``: no limit."""
+
+    steps_to_live: int | None = None
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        _optional_int("steps_to_live", self.steps_to_live)
+        _optional_int("max_rows", self.max_rows)
+
+    @property
+    def evicts(self) -> bool:
+        """Whether any key may be evicted (``steps_to_live`` or ``max_rows`` set)."""
+        return self.steps_to_live is not None or self.max_rows is not None
+
+
+def _optional_int(field: str, value: Any) -> None:
+    if value is not None:
+        check_int("Eviction", field, value, minimum=1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,9 +172,6 @@ def _check_dynamic(owner: str, table: TableConfig) -> None:
                     f"got vocabulary_size={table.vocabulary_size}"
                 )
         return
-    # the dynamic package loads its kernels on import: only engines with dynamic tables pay
-    from embcore.dynamic.policy import CountAdmission, Eviction
-
     for field_name, kind in (("admission", CountAdmission), ("eviction", Eviction)):
         value = getattr(table, field_name)
         if value is not None and not isinstance(value, kind):
@@ -334,8 +374,3 @@ def split_cache(tables: list[ResolvedTable], storage: DiskStorage) -> list[Resol
 def _slot_floats(table: ResolvedTable) -> int:
     opt = table.optimizer
     return sum(1 if s.rowwise else table.dim for s in opt.slot_specs()) if opt else 0
-
-
-def output_size(shape: tuple[int, ...]) -> int:
-    """Number of samples of an output shape."""
-    return math.prod(shape)

@@ -16,10 +16,10 @@ import torch
 
 import embcore as ec
 from embcore import ops
+from embcore._comm import Comm
 from embcore.engine import _store
 from embcore.initializers import initial_rows, initial_slots
 from embcore.rows.dense import DenseTensor
-from embcore.sharding.comm import Comm
 from embcore.stats import StatsTable
 
 

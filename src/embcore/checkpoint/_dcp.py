@@ -25,9 +25,9 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
+from embcore._comm import Comm, CommError
 from embcore._lazy_box import LazyBox
 from embcore.checkpoint._errors import CheckpointError
-from embcore.sharding.comm import Comm, CommError
 
 __all__ = [
     "Chunked",

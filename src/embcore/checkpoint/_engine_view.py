@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embcore._comm import Comm
 from embcore.engine import EmbeddingEngine
-from embcore.sharding.comm import Comm
 
 __all__ = ["EngineView", "StoredTensor", "table_of"]
 

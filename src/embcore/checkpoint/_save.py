@@ -24,12 +24,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from embcore import _atomic
+from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
 from embcore.checkpoint import _delta, _manifest
 from embcore.checkpoint._dcp import Chunked, SavePlanner, dcp_args, dcp_errors, no_dist_ok
 from embcore.checkpoint._digest import digest_from_ints, digest_to_ints, sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor
-from embcore.sharding.comm import Comm
 
 if TYPE_CHECKING:  # annotations only: engines are seen through _engine_view
     from embcore.engine import EmbeddingEngine

@@ -6,56 +6,17 @@ of its occurrences in training lookups reaches ``k`` (default 1: on first sight)
 step ``t`` is removed at the end of step ``t + S``; then, while more than ``M`` rows remain,
 the least frequently used go first (ties: least recently used, then smallest key). Both
 fields are optional (``None``: no such limit). The functions here are the rules over NumPy
-arrays; :mod:`.keyspace` applies them to a table's state. See docs/dynamic_tables.md.
+arrays; :mod:`.keyspace` applies them to a table's state. The configs themselves live with the
+other configs (:mod:`embcore.config`). See docs/dynamic_tables.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from embcore._validate import check_int
+from embcore.config import CountAdmission, Eviction
 
 __all__ = ["CountAdmission", "Eviction", "expired", "least_used"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CountAdmission:
-    """Admit a key once it occurred ``min_count`` times in training lookups.
-
-    Every occurrence counts: repeats within one lookup and in every feature sharing the table.
-    Before admission a key reads zeros and its gradient is dropped.
-    """
-
-    min_count: int = 1
-
-    def __post_init__(self) -> None:
-        check_int("CountAdmission", "min_count", self.min_count, minimum=1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Eviction:
-    """Remove rows at step boundaries: after ``steps_to_live`` steps without a training
-    lookup, and beyond ``max_rows`` rows (least frequently used first). ``None``: no limit."""
-
-    steps_to_live: int | None = None
-    max_rows: int | None = None
-
-    def __post_init__(self) -> None:
-        _optional_int("steps_to_live", self.steps_to_live)
-        _optional_int("max_rows", self.max_rows)
-
-    @property
-    def evicts(self) -> bool:
-        """Whether any key may be evicted (``steps_to_live`` or ``max_rows`` set)."""
-        return self.steps_to_live is not None or self.max_rows is not None
-
-
-def _optional_int(field: str, value: Any) -> None:
-    if value is not None:
-        check_int("Eviction", field, value, minimum=1)
 
 
 def expired(last_seen: np.ndarray, step: int, steps_to_live: int | None) -> np.ndarray:

@@ -30,8 +30,7 @@ def _apply_once(ctx: Any, grads: list[Tensor | None], whole: Tensor | None = Non
         g if g is None else g.reshape(*b.output_shape, engine._tables[f.table].dim)
         for f, b, g in zip(engine._features, ctx.batches, grads, strict=True)
     ]
-    checked, error = engine._check(ctx.batches, shaped)
-    engine._update(ctx.batches, checked, error, whole)
+    engine._apply_gradients(ctx.batches, shaped, whole)
     ctx.applied = True
     ctx.engine = ctx.batches = None  # the node may outlive this step: let the engine go
 

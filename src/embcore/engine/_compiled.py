@@ -93,8 +93,7 @@ class EngineOps:
             flat = [None] * len(batches)
         else:
             flat = [g if g.numel() else None for g in grads]  # empty: unused (zeros)
-        checked, error = e._check(batches, flat)
-        e._update(batches, checked, error, whole)
+        e._apply_gradients(batches, flat, whole)
 
 
 def _unattached() -> None:

@@ -15,6 +15,7 @@ when the engine is built; see docs/architecture.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -328,23 +329,34 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         return nest.pack(self._structure, shaped, is_leaf=is_feature)
 
     # --------------------------------------------------------------------------- updates
-    def _check(
-        self, batches: list[FeatureBatch], grads: list[Any]
-    ) -> tuple[list[Tensor], Exception | None]:
-        """Each feature's gradient as ``(S, dim) float32``, and the first invalid one's error."""
-        return check_gradients(self._features, self._tables, batches, grads, self.device)
+    def _apply_gradients(
+        self,
+        batches: list[FeatureBatch],
+        grads: list[Any],
+        whole: Tensor | None = None,
+        missing: Callable[[list[str]], None] | None = None,
+    ) -> None:
+        """The one path from a step's gradients to its update, for autograd, the compiled
+        operator and ``apply_gradients``: each feature's gradient (``None``: zeros) checked
+        and shaped to ``(S, dim) float32``; ``missing(names)`` told of the features without
+        one when all are valid; then one optimizer step of every table (or, pipelined, kept
+        until after the next lookup), once every rank agrees the gradients are valid and
+        finite. The learning rates are read now, with the step's gradients
+        (docs/semantics.md §3.13). ``whole``, when given, holds every gradient (a stacked
+        one), checked in one contiguous pass."""
+        checked, error = check_gradients(self._features, self._tables, batches, grads, self.device)
+        none = [f.name for f, g in zip(self._features, grads, strict=True) if g is None]
+        if missing is not None and none and error is None:
+            missing(none)
+        self._update(batches, checked, error, whole)
 
     def _update(
         self,
         batches: list[FeatureBatch],
         grads: list[Tensor],
-        error: Exception | None = None,
-        whole: Tensor | None = None,
+        error: Exception | None,
+        whole: Tensor | None,
     ) -> None:
-        """Apply one optimizer step to every table (or, pipelined, keep it until after the
-        next lookup), once every rank agrees its gradients are valid and finite. The learning
-        rates are read now, with the step's gradients (docs/semantics.md §3.13). ``whole``,
-        when given, holds every gradient (a stacked one), checked in one contiguous pass."""
         bad = (
             []
             if error

@@ -2,8 +2,9 @@
 ``apply_gradients`` with d(loss)/d(activation).
 
 :class:`EnqueueDequeue` gives :class:`embcore.EmbeddingEngine` these three methods. They run
-the engine's own lookup and update (``_batches``, ``_lookup``, ``_pack``, ``_check``,
-``_update``), so the update is exactly the one ``loss.backward()`` applies after ``forward``.
+the engine's own lookup and its one path from gradients to the update (``_batches``,
+``_lookup``, ``_pack``, ``_apply_gradients``), so the update is exactly the one
+``loss.backward()`` applies after ``forward``.
 See docs/architecture.md.
 """
 
@@ -104,17 +105,17 @@ class EnqueueDequeue:
             raise RuntimeError(
                 "EmbeddingEngine.apply_gradients: call dequeue() before apply_gradients()"
             )
-        flat = self._flatten(gradients, "gradients")
-        none = [f.name for f, g in zip(self._features, flat, strict=True) if g is None]
-        grads, error = self._check(pending.batches, flat)
-        if none and error is None:
+
+        def missing(none: list[str]) -> None:
             warnings.warn(
                 f"EmbeddingEngine.apply_gradients: no gradient for features {none}; zeros are "
                 "applied, which still update the looked-up rows of optimizers with state",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=4,  # the caller of apply_gradients
             )
-        self._update(pending.batches, grads, error)
+
+        flat = self._flatten(gradients, "gradients")
+        self._apply_gradients(pending.batches, flat, missing=missing)
         self._pending = None
 
     def _require_optimizers(self, what: str) -> None:

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from embcore import ops
-from embcore.engine._store import StoreConfig
+from embcore._comm import Comm
+from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
 from embcore.rows import Records, RowEnv, RowStore, StoredTensor, make_rows
 from embcore.stats import StatsCollector, StatsTable
-
-if TYPE_CHECKING:
-    from embcore.sharding.comm import Comm
 
 __all__ = ["LocalStore"]
 
@@ -75,8 +73,6 @@ class LocalStore(nn.Module):
 
     @property
     def comm(self) -> Comm:
-        from embcore.sharding.comm import Comm  # the sharding package loads on first use
-
         return Comm(None, self.device)
 
     @property

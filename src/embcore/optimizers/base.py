@@ -237,10 +237,6 @@ class Optimizer:
             f"return a finite real number {op} 0 (nothing was updated)"
         )
 
-    def current_learning_rate(self) -> float:
-        """The rate for this step: the constant, or the callable's value (checked)."""
-        return self.learning_rate_at(0)
-
     def rule(
         self, weights: Tensor, slots: dict[str, Tensor], grad: Tensor, lr: float, step: int
     ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -24,15 +24,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
-from embcore.engine._store import Chunks, StoreConfig, stored_names
+from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
-from embcore.rows import Records, row_class
-from embcore.sharding.comm import Comm
+from embcore.rows import Chunks, Records, row_class, stored_names
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
 from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load
-from embcore.sharding.schemes._key_steps import end_steps
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["ShardTensor", "ShardedStore"]
@@ -108,7 +107,10 @@ class ShardedStore:
         )
         self._sharded = [SCHEMES[plan[t.name].scheme](t, plan[t.name], env) for t in self.tables]
         self._exchanges = any(s.scheme != "data_parallel" for s in self._sharded)
-        self._dynamic = [s for s in self._sharded if isinstance(s, KeyHash)]
+        #: the tables of each scheme, whose step ends together (:meth:`Scheme.end_steps`)
+        self._by_scheme: dict[type[Scheme], list[Scheme]] = {}
+        for s in self._sharded:
+            self._by_scheme.setdefault(type(s), []).append(s)
 
     def _check_everyone_agrees(self, plan: ShardingPlan, seed: int) -> None:
         described = repr(
@@ -177,7 +179,7 @@ class ShardedStore:
         ``training``: a training lookup (dynamic tables count, admit and insert keys)."""
         ex = self._comm.exchange()
         ctxs = [
-            s.input_dist(list(b), ex, training) if s.dynamic else s.input_dist(list(b), ex)
+            s.input_dist(list(b), ex, training)
             for s, b in zip(self._sharded, features, strict=True)
         ]
         inbox = self._run(ex)
@@ -186,10 +188,8 @@ class ShardedStore:
             s.lookup(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)
-        late = [
-            isinstance(s, KeyHash) and s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)
-        ]
-        if any(late):  # owners of tables with a user initializer reply one phase later
+        late = [s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)]
+        if any(late):  # e.g. key-hash owners with a user initializer reply one phase later
             ex = self._comm.exchange()
             per_table: list[Any] = [None] * len(ctxs)
             for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):  # table order
@@ -239,8 +239,8 @@ class ShardedStore:
                 [rates[j.lr_table] for j in jobs],
                 step,
             )
-        if self._dynamic:
-            end_steps(self._dynamic, self._comm)
+        for cls, schemes in self._by_scheme.items():
+            cls.end_steps(schemes, self._comm)
 
     def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
         """A bad gradient on one rank stops every rank, before any collective of the update
@@ -279,12 +279,8 @@ class ShardedStore:
             self._sharded[t].load_full(name, value.to(self._device))
 
     def shape(self, table: int, name: str) -> tuple[int, ...]:
-        """The logical shape; for a dynamic table ``(keys held, ...)`` (a collective)."""
-        s = self._sharded[table]
-        if isinstance(s, KeyHash):
-            held = sum(r[0] for r in self._comm.all_gather_ints([s.held()]))
-            return (held, *s.logical_tail(name))
-        return s.logical_shape(name)
+        """The logical shape; for keyed rows ``(keys held, ...)`` (a collective)."""
+        return self._sharded[table].shape(name)
 
     def tensors(self) -> list[ShardTensor]:
         """The fixed tables' tensors; a checkpoint stores dynamic tables by key, through

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from embcore._comm import Exchange, Inbox
 from embcore.inputs import FeatureBatch
 from embcore.ops import gains
-from embcore.sharding.comm import Exchange, Inbox
 
 __all__ = [
     "F32",

@@ -75,11 +75,6 @@ def _hash_len16_mul(u, v, mul):
 
 
 @njit(**_INLINE)
-def _hash_len16(u, v):
-    return _hash_len16_mul(u, v, K_MUL)  # Hash128to64(Uint128(u, v))
-
-
-@njit(**_INLINE)
 def _hash_len0to16(b, s, n):
     length = _U(n)
     if n >= 8:

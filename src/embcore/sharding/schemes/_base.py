@@ -20,12 +20,12 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Comm, Exchange, Inbox, Reducer
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.rows import RowEnv, RowStore, make_rows
 from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32
-from embcore.sharding.comm import Comm, Exchange, Inbox, Reducer
 from embcore.sharding.schemes._cost import Cost, PlannedTable
 
 __all__ = ["Scheme", "Shard", "ShardDict", "ShardEnv", "UpdateJob", "is_dynamic", "served_by"]
@@ -181,11 +181,6 @@ class Scheme(ABC):
     def piece(self, rank: int) -> Piece | None:
         """What ``rank`` holds of the logical table (``None``: nothing)."""
 
-    def tensor_names(self) -> list[str]:
-        """``weight`` and the optimizer's slots, in checkpoint order."""
-        opt = self.table.optimizer
-        return ["weight"] + ([s.name for s in opt.slot_specs()] if opt else [])
-
     def logical_shape(self, name: str) -> tuple[int, ...]:
         v, d = self.table.vocabulary_size, self.table.dim
         if name == "weight" or self.table.optimizer is None:
@@ -194,15 +189,42 @@ class Scheme(ABC):
         return spec.shape(v, d)
 
     def local(self, name: str) -> Tensor | None:
-        """This rank's piece of ``weight`` or a slot (``None`` if it holds nothing)."""
-        if self.state is None:
-            return None
-        return self.state.weight if name == "weight" else self.state.slots[name]
+        """This rank's piece of ``weight`` or a slot, as its row storage reads it (``None``
+        if it holds nothing)."""
+        return None if self.rows is None else self.rows.read(name)
+
+    def _put_local(self, name: str, value: Tensor) -> None:
+        """Write this rank's piece of ``weight`` or a slot (unless ``value`` is the live one)."""
+        state = self.state
+        assert state is not None
+        if value is not (state.weight if name == "weight" else state.slots[name]):
+            self.rows.write(name, value)
 
     # ------------------------------------------------------------------ the step
-    def input_dist(self, batches: list[FeatureBatch], ex: Exchange) -> Any:
-        """Send this rank's ids to the owners; return the step's ``ctx``."""
+    def input_dist(self, batches: list[FeatureBatch], ex: Exchange, training: bool = False) -> Any:
+        """Send this rank's ids to the owners; return the step's ``ctx``. ``training``: an
+        update may follow (keyed rows count, admit and insert keys)."""
         return None
+
+    def late(self, ctx: Any) -> bool:
+        """Whether the owners reply a phase later (:meth:`lookup_late`, then
+        :meth:`output_dist`)."""
+        return False
+
+    def lookup_late(self, inbox: Inbox, ex: Exchange, ctx: Any) -> None:  # noqa: B027
+        """Owners, when :meth:`late`: the reply :meth:`lookup` left for a later phase."""
+
+    @classmethod
+    def end_steps(cls, schemes: list[Scheme], comm: Comm) -> None:
+        """After the step's update, for every table of this scheme (a collective): each
+        row storage's :meth:`~embcore.rows.RowStore.end_step`."""
+        for s in schemes:
+            if s.rows is not None:
+                s.rows.end_step()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The logical shape of ``weight`` or a slot (may communicate: every rank asks)."""
+        return self.logical_shape(name)
 
     def lookup(self, inbox: Inbox, ex: Exchange, ctx: Any) -> None:  # noqa: B027
         """Owners: look up what every rank asked for and send the results back."""
@@ -229,8 +251,11 @@ class Scheme(ABC):
         """
 
     def job(self, features: list[FeatureBatch], grads: list[Tensor]) -> UpdateJob:
-        assert self.state is not None
-        return UpdateJob(self.state, features, grads, self.table.index)
+        """This rank's share of the update: ``features`` hold piece-local rows, which its row
+        storage maps to the slots the kernels update."""
+        assert self.rows is not None
+        mapped = self.rows.for_update(features)
+        return UpdateJob(self.rows.state(), mapped, grads, self.table.index)
 
     # ------------------------------------------------------------- whole tensors
     def gather_send(self, name: str, ex: Exchange) -> None:
@@ -267,7 +292,7 @@ class Scheme(ABC):
             return
         rows = piece.rows.to(full.device)
         part = full[rows] if full.dim() == 1 else full[rows, piece.cols[0] : piece.cols[1]]
-        mine.copy_(part)
+        self.rows.write(name, part)
 
     def save_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
         """``(offsets, tensor)`` boxes of the logical tensor this rank writes to a checkpoint.
@@ -286,5 +311,8 @@ class Scheme(ABC):
         :meth:`finish_load` moves them into place (may communicate)."""
         return self.save_chunks(name)
 
-    def finish_load(self, name: str, chunks: list[tuple[tuple[int, ...], Tensor]]) -> None:  # noqa: B027
-        """Loaded chunks were written in place; schemes with staging buffers override this."""
+    def finish_load(self, name: str, chunks: list[tuple[tuple[int, ...], Tensor]]) -> None:
+        """Loaded chunks go to the row storage (nothing to move when they were its live
+        tensor); schemes with staging buffers override this."""
+        for _, tensor in chunks:
+            self._put_local(name, tensor)

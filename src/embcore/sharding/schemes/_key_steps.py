@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from embcore._comm import Comm
 from embcore.sharding._wire import I64
-from embcore.sharding.comm import Comm
 
 if TYPE_CHECKING:
     from embcore.sharding.schemes.key_hash import KeyHash

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embcore._comm import Exchange, Inbox
 from embcore.config import ResolvedTable
 from embcore.sharding._wire import F32, I64
-from embcore.sharding.comm import Exchange, Inbox
 from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import ShardEnv
 

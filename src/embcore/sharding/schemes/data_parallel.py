@@ -25,10 +25,10 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Exchange, Inbox, Reducer
 from embcore.inputs import FeatureBatch
 from embcore.rows._piece import Piece
 from embcore.sharding._wire import contributions, occurrences
-from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
 
@@ -89,12 +89,15 @@ class DataParallel(Scheme):
     def piece(self, rank: int) -> Piece | None:
         return Piece.range(0, self.table.vocabulary_size, (0, self.table.dim))
 
-    def input_dist(self, batches: list[FeatureBatch], ex: Exchange) -> list[FeatureBatch]:
-        return batches
+    def input_dist(
+        self, batches: list[FeatureBatch], ex: Exchange, training: bool = False
+    ) -> list[FeatureBatch]:
+        assert self.rows is not None
+        return self.rows.map(batches, training)
 
     def output_dist(self, inbox: Inbox, ctx: list[FeatureBatch]) -> list[Tensor]:
-        assert self.state is not None
-        return ops.lookup(self.env.backend, [self.state], [ctx])[0]
+        assert self.rows is not None
+        return ops.lookup(self.env.backend, [self.rows.state()], [ctx])[0]
 
     def grad_dist(
         self, batches: list[FeatureBatch], grads: list[Tensor], ex: Exchange, reducer: Reducer

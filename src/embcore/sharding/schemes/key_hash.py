@@ -37,15 +37,16 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Comm, Exchange, Inbox, Reducer
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.rows import RowEnv, make_rows
 from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32, I64, contributions, occurrences
-from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
+from embcore.sharding.schemes._key_steps import end_steps
 from embcore.sharding.schemes._key_views import KeyViews
 
 if TYPE_CHECKING:
@@ -163,6 +164,16 @@ class KeyHash(KeyViews, Scheme):
 
     def piece(self, rank: int) -> Piece | None:
         return None  # a dynamic table has no rows by range: see ``rows``
+
+    @classmethod
+    def end_steps(cls, schemes: list[Scheme], comm: Comm) -> None:
+        """Eviction decided over every shard (:func:`._key_steps.end_steps`)."""
+        end_steps(schemes, comm)  # type: ignore[arg-type]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """``(keys held on any rank, ...)`` (a collective)."""
+        held = sum(r[0] for r in self.comm.all_gather_ints([self.held()]))
+        return (held, *self.logical_tail(name))
 
     def _split(self, keys: Tensor) -> tuple[Tensor, list[int]]:
         """The grouping order of ``keys`` by shard (stable) and the keys per shard."""

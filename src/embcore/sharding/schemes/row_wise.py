@@ -30,12 +30,12 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Exchange, Inbox, Reducer
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.rows._piece import Piece
 from embcore.sharding import maps
 from embcore.sharding._wire import F32, I64, contributions, occurrences
-from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob
 from embcore.sharding.schemes._cost import F32_BYTES, I64_BYTES, Cost, PlannedTable
 
@@ -147,7 +147,9 @@ class RowWise(Scheme):
         return local, order, counts
 
     # ------------------------------------------------------------------ the step
-    def input_dist(self, batches: list[FeatureBatch], ex: Exchange) -> _Forward:
+    def input_dist(
+        self, batches: list[FeatureBatch], ex: Exchange, training: bool = False
+    ) -> _Forward:
         ids = torch.cat([b.values for b in batches])
         unique, inverse = torch.unique(ids, return_inverse=True)
         local, order, counts = self._split(unique)
@@ -156,10 +158,10 @@ class RowWise(Scheme):
         return _Forward(batches, inverse, order, counts)
 
     def lookup(self, inbox: Inbox, ex: Exchange, ctx: _Forward) -> None:
-        if self.state is None:
+        if self.rows is None:
             return
         for src in range(self.world):
-            ex.send(src, self.state.weight[inbox.take(src, I64).reshape(-1)].float())
+            ex.send(src, self.rows.rows(inbox.take(src, I64).reshape(-1)))
 
     def output_dist(self, inbox: Inbox, ctx: _Forward) -> list[Tensor]:
         dim = self.table.dim
@@ -258,7 +260,7 @@ class RowWise(Scheme):
 
     def finish_load(self, name: str, chunks: list[tuple[tuple[int, ...], Tensor]]) -> None:
         if self.strategy == "div":
-            return
+            return super().finish_load(name, chunks)
         mine = self.local(name)
         staged = (
             chunks[0][1]
@@ -267,4 +269,4 @@ class RowWise(Scheme):
         )
         laid = self._move(staged, "div", "mod")
         if mine is not None and laid is not None:
-            mine.copy_(laid)
+            self.rows.write(name, laid)

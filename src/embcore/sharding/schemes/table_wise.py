@@ -26,11 +26,11 @@ import torch
 from torch import Tensor
 
 from embcore import ops
+from embcore._comm import Exchange, Inbox, Reducer
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 from embcore.rows._piece import Piece
 from embcore.sharding._wire import F32, concat_batches, send_batch, take_batch
-from embcore.sharding.comm import Exchange, Inbox, Reducer
 from embcore.sharding.schemes._base import Scheme, Shard, ShardDict, ShardEnv, UpdateJob, served_by
 from embcore.sharding.schemes._cost import F32_BYTES, Cost, PlannedTable
 
@@ -104,22 +104,23 @@ class TableWise(Scheme):
                 return Piece.range(0, self.table.vocabulary_size, cols)
         return None
 
-    def input_dist(self, batches: list[FeatureBatch], ex: Exchange) -> None:
+    def input_dist(self, batches: list[FeatureBatch], ex: Exchange, training: bool = False) -> bool:
         for owner, _ in self.owners:
             for batch in batches:
                 send_batch(ex, owner, batch)
+        return training
 
-    def lookup(self, inbox: Inbox, ex: Exchange, ctx: None) -> None:
-        if self.state is None:
+    def lookup(self, inbox: Inbox, ex: Exchange, ctx: bool) -> None:
+        if self.rows is None:
             return
         n = len(self.features)
         received = [[take_batch(inbox, src) for _ in range(n)] for src in range(self.world)]
-        flat = [b for per_rank in received for b in per_rank]
-        acts = ops.lookup(self.env.backend, [self.state], [flat])[0]
+        flat = self.rows.map([b for per_rank in received for b in per_rank], ctx)
+        acts = ops.lookup(self.env.backend, [self.rows.state()], [flat])[0]
         for i, act in enumerate(acts):
             ex.send(i // n, act)
 
-    def output_dist(self, inbox: Inbox, ctx: None) -> list[Tensor]:
+    def output_dist(self, inbox: Inbox, ctx: bool) -> list[Tensor]:
         out = []
         for _ in self.features:
             parts = [inbox.take(owner, F32, hi - lo) for owner, (lo, hi) in self.owners]
@@ -135,9 +136,9 @@ class TableWise(Scheme):
                 ex.send(owner, grad if len(self.owners) == 1 else grad[:, lo:hi])
 
     def update(self, inbox: Inbox, reduced: list[Tensor], ctx: None) -> UpdateJob | None:
-        if self.state is None:
+        if self.rows is None:
             return None
-        cols = self.state.weight.shape[1]
+        cols = self.rows.shape("weight")[1]
         features, grads = [], []
         for _ in self.features:  # each feature: all ranks' samples in rank order
             received, parts = [], []
