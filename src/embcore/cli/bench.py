@@ -117,7 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--disk-cache-mib", type=int, default=512, help="--disk: the tables' cache")
     p.add_argument("--disk-limit-mib", type=int, default=1024, help="--disk: the memory cgroup")
     p.add_argument("--disk-depth", type=int, default=16, help="--disk: requests in flight")
-    p.add_argument("--disk-warm", type=int, default=64, help="--disk: lookups that warm the cache")
+    p.add_argument(
+        "--disk-warm", type=int, default=64, help="--disk: training steps that warm the cache"
+    )
     p.add_argument(
         "--device",
         default="cpu",
