@@ -370,7 +370,16 @@ def section(results: dict[str, Any], command: str, load: str) -> str:
         ("writing every row once; the files on disk after", filled),
     ]
     table = "| measure | value |\n|---|---|\n" + "".join(f"| {a} | {b} |\n" for a, b in rows)
-    return head + table
+    bounded = "the disk (its I/O floor is above W1's step)" if floor > w1 else "the CPU (W1)"
+    tail = (
+        f"\nWhat bounds W4 here: {bounded}. The step takes {step / floor:.2f}x the time the "
+        f"disk needs for its reads and writes at queue depth {o['depth']} "
+        f"({per['rows_read'] + per['rows_written']:,.0f} random 512-byte transfers a step), "
+        f"and its cache hits {hit / belady:.0%} of what an ideal cache of the same size would "
+        "on the same ids. The training process's memory, page cache included, stayed within "
+        "the cgroup's limit (row above).\n"
+    )
+    return head + table + tail
 
 
 def _peak(results: dict[str, Any], o: dict[str, Any]) -> str:
