@@ -118,3 +118,21 @@ def test_delta_of_a_disk_engine_loads(tmp_path) -> None:
     restored = engine(tmp_path / "r")
     ec.checkpoint.load(restored, tmp_path / "d-delta")
     assert_same_tables(memory, restored)
+
+
+def test_a_lookup_only_engine_serves_a_disk_table_from_a_checkpoint(tmp_path) -> None:
+    """``optimizer=None`` over a disk table loaded from a training checkpoint (its slots
+    dropped) looks up what the trainer looks up, with a cache of a few rows."""
+    trainer = engine(tmp_path / "d")
+    train(trainer, batches(3))
+    ec.checkpoint.save(trainer, tmp_path / "ck")
+    storage = ec.DiskStorage(tmp_path / "serve", cache_bytes(4, DIM, ec.SGD()))
+    big = ec.TableConfig(VOCAB, DIM, name="big", storage=storage)
+    small = ec.TableConfig(7, 3, name="small")
+    server = ec.EmbeddingEngine({"b": ec.FeatureConfig(big), "s": ec.FeatureConfig(small)})
+    ec.checkpoint.load(server, tmp_path / "ck", allow_optimizer_change=True)
+    probe = {"b": torch.arange(0, VOCAB, 7), "s": torch.arange(7)}
+    with torch.no_grad():
+        want, got = trainer(probe), server(probe)
+    assert torch.equal(got["b"], want["b"]) and torch.equal(got["s"], want["s"])
+    assert server.table_info("big")["cache_capacity"] == 4
