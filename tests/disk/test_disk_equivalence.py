@@ -152,3 +152,28 @@ def test_non_lazy_adam_is_refused(tmp_path) -> None:
     case = next(c for c in OPTIMIZER_CASES if not c.hp.get("lazy_adam", True))
     with pytest.raises(ValueError, match=r"table 'a': Adam with lazy_adam=False updates every row"):
         scenario_pair(case, tmp_path, rows=2)
+
+
+def test_non_finite_skip_and_stacked(tmp_path) -> None:
+    """``non_finite_gradients="skip"`` drops a step with a NaN gradient on disk tables as in
+    memory; ``stacked()`` reads and trains them as ``forward`` does."""
+    opt = ec.Adagrad(learning_rate=0.3)
+    engines = []
+    for storage in (None, ec.DiskStorage(tmp_path, cache_bytes(2, 4, opt))):
+        table = ec.TableConfig(30, 4, name="t", storage=storage)
+        features = {"x": ec.FeatureConfig(table), "y": ec.FeatureConfig(table)}
+        engines.append(ec.EmbeddingEngine(features, opt, non_finite_gradients="skip"))
+    rng = np.random.default_rng(4)
+    for step in range(5):
+        batch = {k: torch.from_numpy(rng.integers(0, 30, 6)) for k in ("x", "y")}
+        outs = []
+        for engine in engines:
+            acts = engine.stacked(batch)  # (6, 2, 4)
+            grad = torch.ones_like(acts)
+            if step == 2:
+                grad[0, 0, 0] = float("nan")
+            acts.backward(grad)
+            outs.append(acts.detach())
+        assert torch.equal(outs[0], outs[1])
+    assert engines[0].skipped_steps == engines[1].skipped_steps == 1
+    assert_same_tables(*engines)
