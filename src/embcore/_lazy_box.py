@@ -28,6 +28,8 @@ class LazyBox:
         read: Callable[[], Tensor] | None = None,
         write: Callable[[Tensor], None] | None = None,
     ) -> None:
+        if (read is None) == (write is None):
+            raise ValueError("LazyBox: give read= (a box to save) or write= (a box to load)")
         self.shape, self.dtype = tuple(shape), dtype
         self._read, self._write = read, write
         self._buffer: Tensor | None = None
@@ -42,8 +44,7 @@ class LazyBox:
 
     def tensor(self) -> Tensor:
         """Saving: the values, read now. Loading: the buffer a load fills (kept until full)."""
-        if self._write is None:
-            assert self._read is not None
+        if self._read is not None:
             return self._read()
         if self._buffer is None:
             self._buffer, self._filled = torch.empty(self.shape, dtype=self.dtype), 0
