@@ -144,3 +144,15 @@ def test_full_disk_after_an_oversized_step_keeps_the_rows(tmp_path, monkeypatch)
         train(e, [4, 1])
     assert disk.table_info("t")["rows_cached"] <= 2
     assert_same_tables(memory, disk)
+
+
+def test_copying_a_disk_engine_is_refused(tmp_path) -> None:
+    import copy
+    import pickle
+
+    e = engine(tmp_path)
+    train(e, [1, 2])
+    for copier in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match=r"table 't': a table in DiskStorage cannot be copied"):
+            copier(e)
+    train(e, [3])  # the engine is untouched

@@ -395,6 +395,13 @@ class DiskTable:
             "disk_bytes": self.file.disk_bytes,
         }
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"table '{self.table.name}': a table in DiskStorage cannot be copied or pickled (its "
+            f"rows are in {self.file.path}, which this engine holds); save a checkpoint instead "
+            "(ec.checkpoint.save) and load it into a new engine"
+        )
+
     def close(self) -> None:
         """Release the file and its lock (the engine is done with the table)."""
         self.wait_prefetch()
