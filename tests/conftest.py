@@ -31,11 +31,15 @@ def _seed() -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without CUDA, ``gpu`` tests are skipped, except, when ``EMBCORE_TEST_DEVICE=cpu`` (the
+    dry run of scripts/gpu_check.sh), those of modules that declare ``RUNS_IN_DRY_RUN``."""
     if torch.cuda.is_available():
         return
+    dry_run = os.environ.get("EMBCORE_TEST_DEVICE") == "cpu"
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if (
-            item.get_closest_marker("gpu") is not None
-        ):  # not "in keywords": a folder named gpu matches
-            item.add_marker(skip)
+        if item.get_closest_marker("gpu") is None:  # not "in keywords": a folder named gpu
+            continue
+        if dry_run and getattr(item.module, "RUNS_IN_DRY_RUN", False):
+            continue
+        item.add_marker(skip)

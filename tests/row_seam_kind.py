@@ -73,7 +73,7 @@ class ReversedRows(nn.Module):
         n = self.data["weight"].shape[0]
         return [dataclasses.replace(b, values=n - 1 - b.values) for b in batches]
 
-    def reserve(self, occurrences: int) -> None:
+    def reserve(self, batches: Sequence[FeatureBatch]) -> None:
         pass
 
     def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:

@@ -57,3 +57,24 @@ def test_a_full_disk_is_named_and_leaves_no_temporary_file(tmp_path):
     assert os.listdir(tmp_path) == []
     _atomic.write_atomic(tmp_path / "x.json", b"{}")
     assert (tmp_path / "x.json").read_bytes() == b"{}" and os.listdir(tmp_path) == ["x.json"]
+
+
+def test_write_atomic_never_replaces_what_is_not_a_regular_file(tmp_path, capsys):
+    """A careless ``--output`` (a link, a directory, a FIFO; ``/dev/null`` as root) is refused:
+    renaming over it would replace the link, the device or the FIFO with a file."""
+    (tmp_path / "real").write_text("kept")
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name, kind in (("link", "a symbolic link"), ("fifo", "a FIFO"), ("dir", "a directory")):
+        with pytest.raises(FileExistsError, match=f"exists and is {kind}, not a regular file"):
+            _atomic.write_atomic(tmp_path / name, b"x")
+    assert os.path.islink(tmp_path / "link") and (tmp_path / "real").read_text() == "kept"
+    assert sorted(os.listdir(tmp_path)) == ["dir", "fifo", "link", "real"]
+    _atomic.write_atomic(tmp_path / "real", b"new")  # a regular file is replaced
+    assert (tmp_path / "real").read_text() == "new"
+    from embcore.cli.main import main
+
+    assert main(["plan", "--workload", "W1", "-w", "2", "--output", str(tmp_path / "fifo")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "exists and is a FIFO" in err, err

@@ -85,8 +85,9 @@ def gpu_section(figures: dict | None = None) -> str:
     return (
         "## GPU\n\n"
         "**No measured GPU figure exists yet**: embcore's machines have no GPU. "
-        "`embcore bench --device cuda` measures embcore, plain PyTorch and FBGEMM TBE side by "
-        "side on one (docs/gpu_backend.md); its tables belong here once it has run there.\n\n"
+        '`bash scripts/gpu_check.sh OUT_DIR` (docs/gpu_backend.md, "The GPU check") runs the '
+        "GPU tests and `embcore bench --device cuda`, embcore beside plain PyTorch (and FBGEMM "
+        "TBE where it imports) on one GPU; its tables belong here once it has run there.\n\n"
         "Until then, a bandwidth **model** (a prediction, not a measurement; "
         "`benchmarks/sidebyside/gpu_model.py`): for `W1-gpu` and `W2-gpu` (W1 and W2 at batch "
         "65,536, Adagrad), the bytes each of embcore's kernels must move per step, divided by "

@@ -1,20 +1,27 @@
 """GPU mode of the side-by-side benchmark (``embcore bench --device cuda``; BENCHMARKS.md, GPU).
 
-W1 and W2 at batch 65,536 (``W1-gpu``, ``W2-gpu``; ``quick`` variants for a smoke run), on one
-device, in one process, on the same pre-generated batches:
+W1 and W2 at batch 65,536 (``W1-gpu``, ``W2-gpu``), and W3 at that batch (``W3-gpu``: W1-gpu's
+ids as raw 64-bit keys in dynamic tables), with ``quick`` variants for a smoke run, on one
+device, in one process, on the same pre-generated batches, for one optimizer (``adagrad`` or
+``rowwise_adagrad``):
 
 * **step**: median ms per training step (forward, loss ``sum((act @ p) ** 2)``, backward,
   optimizer update) of embcore (``EmbeddingEngine``, backend ``auto`` = ``triton`` on CUDA),
-  plain PyTorch on the device (``nn.EmbeddingBag(sparse=True)`` + ``optim.Adagrad``) and
-  FBGEMM TBE on the device (``EmbeddingLocation.DEVICE``, ``exact_adagrad``) where
-  ``fbgemm_gpu`` imports;
+  plain PyTorch on the device (``nn.EmbeddingBag(sparse=True)`` + ``optim.Adagrad``, which has
+  no row-wise variant: with ``rowwise_adagrad`` it still runs element-wise Adagrad, labelled)
+  and FBGEMM TBE on the device (``EmbeddingLocation.DEVICE``, ``exact_adagrad`` or
+  ``exact_row_wise_adagrad``) where ``fbgemm_gpu`` imports. Raw keys (W3) have no plain-PyTorch
+  or FBGEMM peer: the row shows embcore's fixed-table step on the same Zipf ranks instead;
+* **step bandwidth**: the step's bytes of the bandwidth model over the embcore step's time, as
+  a fraction of the device-to-device copy bandwidth measured in the same run, beside the
+  model's floor at that bandwidth (bytes / copy GB/s);
 * **kernels**: embcore's forward lookup and update kernels timed alone (``embcore.ops``), with
-  their bytes moved and achieved bandwidth as a fraction of the device-to-device copy
-  bandwidth measured in the same run.
+  their bytes moved and achieved bandwidth as a fraction of the copy bandwidth.
 
 Bytes moved per step are those of the bandwidth model (:func:`.gpu_model.kernel_bytes`,
-tables in their storage dtype): the lookup kernel's for ``lookup``, the sum of the update's
-kernels (gains, sort, searchsorted, partial sums and the rule) for ``update``.
+tables in their storage dtype, slots of the optimizer): the lookup kernel's for ``lookup``,
+the sum of the update's kernels (gains, sort, searchsorted, partial sums and the rule) for
+``update``, and all of them plus the non-finite check for the step.
 
 Timing waits for the device before and after each step
 (``torch.cuda.synchronize``); on the CPU (the interpreter smoke test) it is plain wall time.
@@ -49,9 +56,25 @@ GPU_WORKLOADS: dict[str, Workload] = {
         WORKLOADS["W2"], name="W2-gpu", batch=GPU_BATCH,
         description=WORKLOADS["W2"].description.replace("batch 2048", f"batch {GPU_BATCH}"),
     ),
+    "W3-gpu": dataclasses.replace(
+        WORKLOADS["W3"], name="W3-gpu", batch=GPU_BATCH,
+        description=WORKLOADS["W3"].description.replace("W1", "W1-gpu"),
+    ),
     "W1-gpu-quick": Workload("W1-gpu-quick", (50, 7, 300), 16, 8, 1, 1, description="smoke"),
     "W2-gpu-quick": Workload("W2-gpu-quick", (40, 90), 13, 4, 1, 5, description="smoke"),
+    "W3-gpu-quick": Workload("W3-gpu-quick", (50, 7, 300), 16, 8, 1, 1, raw_keys=True,
+                             description="smoke"),
 }  # fmt: skip
+
+#: each raw-key workload's fixed-table twin (same shape, same Zipf ranks)
+FIXED_TWIN = {"W3-gpu": "W1-gpu", "W3-gpu-quick": "W1-gpu-quick"}
+
+OPTIMIZERS = ("adagrad", "rowwise_adagrad")
+
+
+def _optimizer(name: str) -> ec.Optimizer:
+    cls = {"adagrad": ec.Adagrad, "rowwise_adagrad": ec.RowwiseAdagrad}[name]
+    return cls(learning_rate=0.01, initial_accumulator_value=0.1)
 
 
 def _sync(device: torch.device) -> None:
@@ -83,14 +106,17 @@ def copy_bandwidth(device: torch.device, megabytes: int, repeats: int = 10) -> f
 
 
 # ------------------------------------------------------------------------- the systems
-def _embcore_step(workload: Workload, batches: list[Batch], device: torch.device, **engine):
-    tables = [
-        ec.TableConfig(vocabulary_size=v, dim=workload.dim, name=f"table_{t}")
+def _embcore_step(
+    workload: Workload, batches: list[Batch], device: torch.device, optimizer: str, **engine
+):
+    tables = [  # raw keys: dynamic tables (no vocabulary size)
+        ec.TableConfig(
+            vocabulary_size=None if workload.raw_keys else v, dim=workload.dim, name=f"table_{t}"
+        )
         for t, v in enumerate(workload.vocab)
     ]
     config = {f"f{t:02d}": ec.FeatureConfig(table=table) for t, table in enumerate(tables)}
-    opt = ec.Adagrad(learning_rate=0.01, initial_accumulator_value=0.1)
-    eng = ec.EmbeddingEngine(config, optimizer=opt, device=device, **engine)
+    eng = ec.EmbeddingEngine(config, optimizer=_optimizer(optimizer), device=device, **engine)
     inputs = [
         {
             f"f{t:02d}": ec.RaggedIds(
@@ -133,7 +159,7 @@ def _plain_torch_step(workload: Workload, batches: list[Batch], device: torch.de
     return step
 
 
-def _fbgemm_step(workload: Workload, batches: list[Batch], device: torch.device):
+def _fbgemm_step(workload: Workload, batches: list[Batch], device: torch.device, optimizer: str):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         EmbeddingLocation,
@@ -149,7 +175,10 @@ def _fbgemm_step(workload: Workload, batches: list[Batch], device: torch.device)
     ]
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=specs,
-        optimizer=EmbOptimType.EXACT_ADAGRAD,
+        optimizer={
+            "adagrad": EmbOptimType.EXACT_ADAGRAD,
+            "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        }[optimizer],
         learning_rate=0.01,
         eps=1e-8,
         pooling_mode=PoolingMode.SUM,
@@ -189,21 +218,24 @@ def _kernel_times(
     device: torch.device,
     backend: str,
     storage_dtype: torch.dtype,
+    optimizer: str,
     warmup: int,
     steps: int,
 ) -> dict[str, dict[str, float]]:
     """Median ms, bytes moved and GB/s of embcore's lookup and update kernels alone."""
-    opt = ec.Adagrad(learning_rate=0.01, initial_accumulator_value=0.1)
+    opt = _optimizer(optimizer)
     gen = torch.Generator().manual_seed(0)
+    rowwise = optimizer == "rowwise_adagrad"
     states = [
         ops.TableState(
             f"table_{t}",
             (torch.rand(v, workload.dim, generator=gen) * 0.1 - 0.05).to(device, storage_dtype),
-            {"accumulators": torch.full((v, workload.dim), 0.1, device=device)},
+            {"accumulators": torch.full((v,) if rowwise else (v, workload.dim), 0.1,
+                                        device=device)},
             opt,
         )
         for t, v in enumerate(workload.vocab)
-    ]
+    ]  # fmt: skip
     feats = [
         [
             [FeatureBatch(torch.from_numpy(v).to(device), torch.from_numpy(o).to(device), None,
@@ -214,14 +246,7 @@ def _kernel_times(
     ]  # fmt: skip
     grads = [[torch.randn(workload.batch, workload.dim, device=device)] for _ in states]
     lrs = [0.01] * len(states)
-    row = workload.dim * torch.finfo(storage_dtype).bits // 8
-    ids = float(np.median([b.ids for b in batches]))
-    unique = float(np.median([sum(b.unique) for b in batches]))
-    kernels = kernel_bytes(ids, unique, len(states) * workload.batch, workload.dim, row)
-    moved = {
-        "lookup": kernels["lookup: forward.pooled"],
-        "update": sum(v for k, v in kernels.items() if k.startswith("update:")),
-    }
+    moved = _bytes_moved(workload, batches, storage_dtype, optimizer)
     ms = {
         "lookup": _median_ms(
             lambda i: ops.lookup(backend, states, feats[i % len(feats)]), device, warmup, steps
@@ -236,6 +261,23 @@ def _kernel_times(
     return {k: {"ms": ms[k], "bytes": moved[k], "gb_s": moved[k] / (ms[k] / 1e3) / 1e9} for k in ms}
 
 
+def _bytes_moved(
+    workload: Workload, batches: list[Batch], storage_dtype: torch.dtype, optimizer: str
+) -> dict[str, float]:
+    """The bandwidth model's bytes per step: lookup, update, and the whole step."""
+    row = workload.dim * torch.finfo(storage_dtype).bits // 8
+    slot_row = 4 if optimizer == "rowwise_adagrad" else workload.dim * 4
+    ids = float(np.median([b.ids for b in batches]))
+    unique = float(np.median([sum(b.unique) for b in batches]))
+    bags = workload.tables * workload.batch
+    kernels = kernel_bytes(ids, unique, bags, workload.dim, row, slot_row)
+    return {
+        "lookup": kernels["lookup: forward.pooled"],
+        "update": sum(v for k, v in kernels.items() if k.startswith("update:")),
+        "step": sum(kernels.values()),
+    }
+
+
 # ------------------------------------------------------------------------- the run
 def run(
     workloads: list[str],
@@ -246,8 +288,13 @@ def run(
     steps: int = 6,
     copy_megabytes: int = 1024,
     log: Callable[[str], None] = print,
+    optimizer: str = "adagrad",
+    write: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Run the GPU mode; returns a JSON-able dict (see :func:`markdown`)."""
+    """Run the GPU mode; returns a JSON-able dict (see :func:`markdown`). ``write`` is called
+    with the results so far after each workload, so a run cut short keeps what it measured."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"GPU benchmark: optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     dev = torch.device(device)
     copy_gb_s = copy_bandwidth(dev, copy_megabytes)
     log(f"device-to-device copy: {copy_gb_s:.1f} GB/s")
@@ -255,42 +302,70 @@ def run(
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
         "copy_gb_s": copy_gb_s,
         "storage_dtype": str(storage_dtype).removeprefix("torch."),
+        "optimizer": optimizer,
         "workloads": {},
     }
+    engine = {"backend": backend, "storage_dtype": storage_dtype}
     for name in workloads:
         w = GPU_WORKLOADS[name]
         batches = make_batches(w, warmup + steps)
         entry: dict[str, Any] = {"description": w.description, "batch": w.batch, "steps": {}}
-        step, used = _embcore_step(w, batches, dev, backend=backend, storage_dtype=storage_dtype)
+        step, used = _embcore_step(w, batches, dev, optimizer, **engine)
         entry["backend"] = used
         entry["steps"]["embcore"] = _median_ms(step, dev, warmup, steps)
         del step
-        entry["kernels"] = _kernel_times(w, batches, dev, used, storage_dtype, warmup, steps)
-        for k in entry["kernels"].values():
-            k["fraction_of_copy"] = k["gb_s"] / copy_gb_s
-        entry["steps"]["plain PyTorch"] = _median_ms(
-            _plain_torch_step(w, batches, dev), dev, warmup, steps
-        )
-        why = _fbgemm_unavailable(dev)
-        if why is None:
-            entry["steps"]["FBGEMM TBE"] = _median_ms(
-                _fbgemm_step(w, batches, dev), dev, warmup, steps
+        if w.raw_keys:  # no peer takes raw 64-bit keys: embcore's fixed tables, same ranks
+            twin = GPU_WORKLOADS[FIXED_TWIN[name]]
+            twin_step, _ = _embcore_step(twin, make_batches(twin, warmup + steps), dev,
+                                         optimizer, **engine)  # fmt: skip
+            entry["steps"][f"embcore fixed ({twin.name})"] = _median_ms(
+                twin_step, dev, warmup, steps
             )
+            del twin_step
+            entry["skipped"] = {"plain PyTorch, FBGEMM TBE": "no raw 64-bit keys"}
         else:
-            entry["skipped"] = {"FBGEMM TBE": why}
-            log(f"{name}: FBGEMM TBE skipped: {why}")
+            _peers(entry, w, batches, dev, optimizer, warmup, steps, log)
+            entry["kernels"] = _kernel_times(
+                w, batches, dev, used, storage_dtype, optimizer, warmup, steps
+            )
+            for k in entry["kernels"].values():
+                k["fraction_of_copy"] = k["gb_s"] / copy_gb_s
+            step_bytes = _bytes_moved(w, batches, storage_dtype, optimizer)["step"]
+            ms = entry["steps"]["embcore"]
+            entry["step_bandwidth"] = {
+                "bytes": step_bytes,
+                "fraction_of_copy": step_bytes / (ms / 1e3) / 1e9 / copy_gb_s,
+                "floor_ms_at_copy": step_bytes / (copy_gb_s * 1e9) * 1e3,
+            }
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         log(f"{name}: {entry['steps']}")
         results["workloads"][name] = entry
+        if write is not None:
+            write(results)
     return results
+
+
+def _peers(entry, w, batches, dev, optimizer, warmup, steps, log) -> None:
+    """Plain PyTorch and FBGEMM TBE on the same batches, into ``entry["steps"]``."""
+    plain = "plain PyTorch" + (" (Adagrad)" if optimizer != "adagrad" else "")
+    entry["steps"][plain] = _median_ms(_plain_torch_step(w, batches, dev), dev, warmup, steps)
+    why = _fbgemm_unavailable(dev)
+    if why is None:
+        entry["steps"]["FBGEMM TBE"] = _median_ms(
+            _fbgemm_step(w, batches, dev, optimizer), dev, warmup, steps
+        )
+    else:
+        entry["skipped"] = {"FBGEMM TBE": why}
+        log(f"{w.name}: FBGEMM TBE skipped: {why}")
 
 
 def markdown(results: dict) -> str:
     """The GPU tables: ms/step per system with ratios, and embcore's kernel bandwidth."""
     lines = [
         f"Device: {results['device']}; device-to-device copy {results['copy_gb_s']:.0f} GB/s "
-        f"(read + write); embcore tables in {results['storage_dtype']}.",
+        f"(read + write); embcore tables in {results['storage_dtype']}, optimizer "
+        f"{results.get('optimizer', 'adagrad')}.",
         "",
         "| workload | system | ms/step | samples/s | embcore speedup |",
         "|---|---|---|---|---|",
@@ -304,11 +379,24 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {system} | skipped: {why} | | |")
     lines += [
         "",
+        "| workload | embcore step: MB moved (model) | floor ms at copy GB/s | measured ms "
+        "| fraction of copy |",
+        "|---|---|---|---|---|",
+    ]
+    for name, w in results["workloads"].items():
+        if "step_bandwidth" in w:
+            b = w["step_bandwidth"]
+            lines.append(
+                f"| {name} | {b['bytes'] / 1e6:.1f} | {b['floor_ms_at_copy']:.3f} "
+                f"| {w['steps']['embcore']:.3f} | {b['fraction_of_copy']:.2f} |"
+            )
+    lines += [
+        "",
         "| workload | embcore kernel | ms | MB moved | GB/s | fraction of copy |",
         "|---|---|---|---|---|---|",
     ]
     for name, w in results["workloads"].items():
-        for kernel, k in w["kernels"].items():
+        for kernel, k in w.get("kernels", {}).items():
             lines.append(
                 f"| {name} | {kernel} ({w['backend']}) | {k['ms']:.3f} | {k['bytes'] / 1e6:.1f} "
                 f"| {k['gb_s']:.1f} | {k['fraction_of_copy']:.2f} |"

@@ -35,14 +35,19 @@ __all__ = ["BANDWIDTH", "kernel_bytes", "markdown", "model"]
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
 
 
-def kernel_bytes(ids: float, unique: float, bags: int, dim: int, row: int) -> dict[str, float]:
+def kernel_bytes(
+    ids: float, unique: float, bags: int, dim: int, row: int, slot_row: int | None = None
+) -> dict[str, float]:
     """Bytes each kernel of a step moves (module docstring), for totals over the tables.
 
     Args:
         ids, unique, bags: ids, unique ids and bags of the step, all tables together.
         dim: the tables' width.
         row: bytes of one stored row (``dim * 4`` float32, ``dim * 2`` half).
+        slot_row: bytes of one row's optimizer slots (default ``dim * 4``: Adagrad's
+            accumulator; ``4`` for RowwiseAdagrad's one float per row).
     """
+    slot_row = dim * 4 if slot_row is None else slot_row
     return {
         "lookup: forward.pooled": ids * (row + 8) + bags * 8 + bags * dim * 4,
         "check: finite.non_finite": bags * dim * 4,
@@ -50,7 +55,7 @@ def kernel_bytes(ids: float, unique: float, bags: int, dim: int, row: int) -> di
         "update: sort (torch.sort)": ids * 8 * 32 + ids * 16,
         "update: searchsorted": ids * 16,
         "update: partials + rules.adagrad": (
-            ids * (dim * 4 + 44) + unique * 2 * (row + dim * 4) + 2 * (ids / 64) * dim * 4
+            ids * (dim * 4 + 44) + unique * 2 * (row + slot_row) + 2 * (ids / 64) * dim * 4
         ),
     }
 

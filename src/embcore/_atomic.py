@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,19 +49,82 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+#: errno -> (what happened, what to do), for :class:`DiskFullError` messages
+_FULL = {
+    errno.ENOSPC: ("no space left on the device", "free some disk space or write elsewhere"),
+    errno.EDQUOT: ("the disk quota is used up", "free some space or write elsewhere"),
+    errno.EFBIG: (
+        "a file grew past this process's file-size limit (ulimit -f)",
+        "raise the limit or write elsewhere",
+    ),
+}
+#: how the writers that do not raise ``OSError`` say it: Rust's I/O errors (safetensors) and
+#: DCP's wrapped messages carry the OS's words
+_FULL_TEXT = {
+    "os error 28": errno.ENOSPC,
+    "no space left on device": errno.ENOSPC,
+    "os error 122": errno.EDQUOT,
+    "disk quota exceeded": errno.EDQUOT,
+    "os error 27": errno.EFBIG,
+    "file too large": errno.EFBIG,
+}
+
+
+def _full(error: BaseException, path: str) -> int | None:
+    """The errno of a full disk (or file-size limit) that ``error`` reports, else ``None``."""
+    if isinstance(error, OSError) and error.errno in _FULL:
+        return error.errno
+    text = str(error).lower()
+    for words, code in _FULL_TEXT.items():
+        if words in text:
+            return code
+    # PyTorch's zip writer (torch.save to a path, torch.export.save) checks each write only by
+    # the file position it reaches: "[enforce fail at inline_container.cc:...] unexpected pos"
+    # (or "failed writing"), without the OS's errno. Ask the file system what ran out.
+    if "inline_container.cc" in text and ("unexpected pos" in text or "failed writing" in text):
+        return _what_ran_out(path)
+    return None
+
+
+def _what_ran_out(path: str) -> int | None:
+    """ENOSPC when the file system of ``path`` is (nearly) full, EFBIG when a file-size limit
+    is set, else ``None`` (another failure: its own message stays)."""
+    import resource
+
+    directory = os.path.dirname(os.path.abspath(path))
+    while directory and not os.path.isdir(directory):
+        directory = os.path.dirname(directory)
+    try:
+        fs = os.statvfs(directory or "/")
+        if fs.f_bavail * fs.f_frsize < max(1 << 20, fs.f_blocks * fs.f_frsize // 100):
+            return errno.ENOSPC
+    except OSError:
+        pass
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return errno.EFBIG
+    return None
+
+
 @contextmanager
 def writing(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn a full disk into an error that says so, naming ``path``."""
+    """Turn a full disk (or quota, or file-size limit) into a :class:`DiskFullError` naming
+    ``path``, whichever writer reported it: an ``OSError`` with its errno, PyTorch's zip
+    writer ("unexpected pos"), safetensors' or DCP's wrapped I/O errors."""
     try:
         yield
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(error, DiskFullError):
-            raise DiskFullError(
-                error.errno,
-                f"no space left on the device while writing {os.fspath(path)} (free some disk "
-                f"space or write elsewhere; nothing was published): {error.strerror}",
-            ) from error
+    except DiskFullError:
         raise
+    except Exception as error:
+        code = _full(error, os.fspath(path))
+        if code is None:
+            raise
+        what, fix = _FULL[code]
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        raise DiskFullError(
+            code,
+            f"{what} while writing {os.fspath(path)} ({fix}; nothing was published): "
+            f"{os.strerror(code)}" + (f" [{detail}]" if detail else ""),
+        ) from error
 
 
 def write_atomic(
@@ -71,8 +135,12 @@ def write_atomic(
 
     Raises:
         DiskFullError: the disk filled up (the temporary file is removed).
+        FileExistsError: ``path`` exists and is not a regular file (a symbolic link, a
+            directory, a FIFO, a device: ``--output /dev/null`` run as root would otherwise
+            replace the device with a file); nothing is written.
     """
     path = Path(path)
+    _check_regular(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -91,6 +159,31 @@ def write_atomic(
             raise
     fsync_dir(path.parent)
     return path
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(path: Path) -> None:
+    """Refuse to replace anything but a regular file (or nothing) at ``path``."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    for test, kind in _KINDS:
+        if test(mode):
+            raise FileExistsError(
+                errno.EEXIST,
+                f"{path} exists and is {kind}, not a regular file; refusing to replace it "
+                "(write to a file name)",
+            )
 
 
 class TempDir:

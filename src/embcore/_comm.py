@@ -2,7 +2,9 @@
 
 Every scheme speaks through an :class:`Exchange`: during a phase each table appends the tensors
 it sends to each rank, in table order; :meth:`Exchange.run` ships everything in one
-``all_to_all_single`` of bytes (after one small all-to-all of sizes), and each table then takes
+``all_to_all_single`` of bytes (after one small all-to-all of sizes, which also carries the
+step's tag: its kind, number and phase, so that ranks out of step fail at once with
+:class:`OutOfStepError` instead of exchanging another step's data), and each table then takes
 what it receives from each rank in the same order. Messages to oneself never leave the process.
 So a step costs a fixed number of collectives whatever the number of tables.
 
@@ -30,7 +32,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Comm", "CommError", "CommStats", "Exchange", "Inbox", "Reducer"]
+__all__ = [
+    "STEP_KINDS",
+    "Comm",
+    "CommError",
+    "CommStats",
+    "Exchange",
+    "Inbox",
+    "OutOfStepError",
+    "Reducer",
+]
 
 _ALIGN = 8
 
@@ -43,6 +54,17 @@ def _bytes(t: Tensor) -> Tensor:
 
 def _padded(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class OutOfStepError(RuntimeError):
+    """The ranks reached different collectives: one of them left a step half-way (it caught
+    an error and went on) and now pairs its exchanges with another step's. Raised on every
+    rank at the first such exchange; the process group stays usable, the tables may hold
+    a half-applied step: resume every rank from the last checkpoint."""
+
+
+#: the kinds of step an exchange belongs to (its tag's first field)
+STEP_KINDS = ("untagged", "lookup", "update", "gather")
 
 
 class CommError(RuntimeError):
@@ -84,8 +106,10 @@ class Comm:
         self.world = dist.get_world_size(group) if self.distributed else 1
         self.stats = CommStats()
 
-    def exchange(self) -> Exchange:
-        return Exchange(self)
+    def exchange(self, tag: tuple[int, int, int] = (0, 0, 0)) -> Exchange:
+        """A new exchange; ``tag`` ``(kind, number, phase)`` (:data:`STEP_KINDS`) travels
+        with it and must be every rank's (see :meth:`Exchange.run`)."""
+        return Exchange(self, tag)
 
     def reducer(self) -> Reducer:
         return Reducer(self)
@@ -186,8 +210,9 @@ class Comm:
 class Exchange:
     """Tensors for each rank, collected during one phase and sent in one fused all-to-all."""
 
-    def __init__(self, comm: Comm) -> None:
+    def __init__(self, comm: Comm, tag: tuple[int, int, int] = (0, 0, 0)) -> None:
         self._comm = comm
+        self._tag = tag
         self._out: list[list[Tensor]] = [[] for _ in range(comm.world)]
 
     def send(self, dest: int, tensor: Tensor) -> None:
@@ -209,7 +234,9 @@ class Exchange:
         if world == 1:
             return inbox
         device = comm.device
-        buffers, meta = [], torch.zeros(world, 2, dtype=torch.int64)
+        # per destination: piece count, bytes, and the step's tag (kind, number, phase)
+        buffers, meta = [], torch.zeros(world, 5, dtype=torch.int64)
+        meta[:, 2:] = torch.tensor(self._tag, dtype=torch.int64)
         for dest in range(world):
             pieces = [] if dest == me else self._out[dest]
             sizes = [p.numel() * p.element_size() for p in pieces]
@@ -223,15 +250,16 @@ class Exchange:
                     at += _padded(s)
             buffers.append(buf)
             meta[dest, 0], meta[dest, 1] = len(sizes), total
-        got = comm.all_to_all(meta.to(device).reshape(-1), [2] * world, [2] * world)
-        got = got.reshape(world, 2).tolist()
+        got = comm.all_to_all(meta.to(device).reshape(-1), [5] * world, [5] * world)
+        got = got.reshape(world, 5).tolist()
+        _check_in_step(comm, self._tag, [tuple(g[2:]) for g in got])
         send_splits = [b.numel() for b in buffers]
-        recv_splits = [total for _, total in got]
+        recv_splits = [total for _, total, *_ in got]
         recv = comm.all_to_all(torch.cat(buffers), send_splits, recv_splits)
-        comm.stats.bytes_sent += sum(send_splits) + 16 * (world - 1)
-        comm.stats.bytes_received += sum(recv_splits) + 16 * (world - 1)
+        comm.stats.bytes_sent += sum(send_splits) + 40 * (world - 1)
+        comm.stats.bytes_received += sum(recv_splits) + 40 * (world - 1)
         at = 0
-        for src, (count, total) in enumerate(got):
+        for src, (count, total, *_) in enumerate(got):
             if src == me:
                 at += total
                 continue
@@ -246,6 +274,27 @@ class Exchange:
             inbox.queues[src] = queue
             inbox.remote[src] = True
         return inbox
+
+
+def _check_in_step(comm: Comm, mine: tuple[int, ...], tags: list[tuple[int, ...]]) -> None:
+    """Raise :class:`OutOfStepError` unless every rank's exchange carries this rank's tag.
+    Every rank receives every rank's tag, so all of them raise together."""
+    tags[comm.rank] = mine
+    if all(t == mine for t in tags):
+        return
+
+    def said(tag: tuple[int, ...]) -> str:
+        kind, number, phase = tag
+        name = STEP_KINDS[kind] if 0 <= kind < len(STEP_KINDS) else f"kind {kind}"
+        return f"{name} #{number} (exchange {phase + 1})" if kind else "an untagged exchange"
+
+    where = "; ".join(f"rank {r} in {said(t)}" for r, t in enumerate(tags))
+    raise OutOfStepError(
+        f"embcore.sharding: the ranks are out of step: {where}. A rank left a step half-way "
+        "(it caught an error and went on) and its collectives now pair with another step's; "
+        "every rank must make the same engine calls. End every rank and resume from the last "
+        "checkpoint."
+    )
 
 
 class Inbox:

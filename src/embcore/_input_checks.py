@@ -69,22 +69,24 @@ def check_weights(feature: str, weights: Tensor, count: int) -> Tensor:
     return w
 
 
-def check_range(feature: str, table: str, vocab: int, values: Tensor) -> None:
-    """Every id in ``[0, vocab)`` (after the safe lookup's pruning)."""
+def check_range(feature: str, table: str, vocab: int, values: Tensor, hint: bool = True) -> None:
+    """Every id in ``[0, vocab)`` (after the safe lookup's pruning). ``hint``: suggest
+    ``safe_lookup`` for a negative id (not where ids come already pruned)."""
     if values.numel() == 0:
         return
     lo, hi = torch.aminmax(values)
     if int(lo) < 0 or int(hi) >= vocab:
         bad_mask = (values < 0) | (values >= vocab)
         i = int(bad_mask.nonzero()[0])
-        hint = "" if int(values[i]) >= 0 else "; set TableConfig(safe_lookup=True) to prune ids < 0"
+        prune = hint and int(values[i]) < 0
+        hint_text = "; set TableConfig(safe_lookup=True) to prune ids < 0" if prune else ""
         raise ValueError(
             f"feature '{feature}': id {int(values[i])} at position {i} is out of range for table "
-            f"'{table}' with vocabulary_size {vocab}; ids must be in [0, {vocab}){hint}"
+            f"'{table}' with vocabulary_size {vocab}; ids must be in [0, {vocab}){hint_text}"
         )
 
 
-def check_splits(feature: str, what: str, splits: Tensor, count: int) -> Tensor:
+def check_splits(feature: str, what: str, splits: Tensor, count: int, hint: bool = True) -> Tensor:
     """CSR row splits over ``count`` values: 1-D integers, starting at 0, ending at ``count``,
     never decreasing (so every row lies inside the values). Returns them as int64.
 
@@ -93,6 +95,7 @@ def check_splits(feature: str, what: str, splits: Tensor, count: int) -> Tensor:
     Args:
         splits: ``(B+1,)`` integers.
         count: ``N``, the number of values they split.
+        hint: ask whether a ``RaggedIds``' splits were changed (where they come from one).
     """
     if splits.dim() != 1 or splits.numel() < 1 or splits.dtype not in INT_DTYPES:
         raise ValueError(
@@ -105,7 +108,8 @@ def check_splits(feature: str, what: str, splits: Tensor, count: int) -> Tensor:
     if first != 0 or last != count:
         raise ValueError(
             f"feature '{feature}': {what} must start at 0 and end at len(values)={count}, got "
-            f"{first} ... {last} (were they changed after the RaggedIds was built?)"
+            f"{first} ... {last}"
+            + (" (were they changed after the RaggedIds was built?)" if hint else "")
         )
     if a.size > 2 and bool((a[1:] < a[:-1]).any()):
         i = int(np.flatnonzero(a[1:] < a[:-1])[0])

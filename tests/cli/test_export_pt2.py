@@ -61,7 +61,7 @@ def test_pt2_scores_equal_the_safetensors_bundles(bundle: Path, tmp_path: Path, 
     assert "model.pt2" in manifest["files_sha256"]
     capsys.readouterr()
     want = _predict(bundle, tmp_path / "a.npy")
-    got = _predict(bundle, tmp_path / "b.npy", "--format", "pt2")
+    got = _predict(bundle, tmp_path / "b.npy", "--format", "pt2", "--trusted-program")
     assert got.shape == (1500,)  # batches of 700, 700 and 100: one program for every size
     np.testing.assert_array_equal(got, want)  # the same operations: the same bits
     out = capsys.readouterr().out
@@ -98,10 +98,10 @@ def test_a_bundle_without_the_program_says_how_to_get_it(bundle, tmp_path, capsy
     plain = tmp_path / "plain"
     assert main(["export", "--run", str(bundle.parent), "--out", str(plain)]) == 0
     capsys.readouterr()
-    assert main(["predict", "--bundle", str(plain), "--format", "pt2"]) == 2
+    assert main(["predict", "--bundle", str(plain), "--format", "pt2", "--trusted-program"]) == 2
     err = _one_line_error(capsys)
     assert f"{plain / 'model.pt2'}: missing" in err and "embcore export --format pt2" in err
-    assert main(["predict", "--bundle", str(plain), "--format", "aoti"]) == 2
+    assert main(["predict", "--bundle", str(plain), "--format", "aoti", "--trusted-program"]) == 2
     assert "model.aoti.pt2: missing" in _one_line_error(capsys)
 
 
@@ -114,11 +114,11 @@ def test_a_damaged_program_is_named(bundle: Path, tmp_path: Path, capsys) -> Non
     data = bytearray(program.read_bytes())
     data[len(data) // 2] ^= 0xFF
     program.write_bytes(bytes(data))
-    assert main(["predict", "--bundle", str(damaged), "--format", "pt2"]) == 2
+    assert main(["predict", "--bundle", str(damaged), "--format", "pt2", "--trusted-program"]) == 2
     err = _one_line_error(capsys)
     assert f"{program} does not match the sha256 in config.json" in err
     program.write_bytes(b"")
-    assert main(["predict", "--bundle", str(damaged), "--format", "pt2"]) == 2
+    assert main(["predict", "--bundle", str(damaged), "--format", "pt2", "--trusted-program"]) == 2
     assert str(program) in _one_line_error(capsys)
     with pytest.raises(SystemExit) as exit_info:  # argparse: one usage line, status 2
         main(["predict", "--bundle", str(damaged), "--format", "onnx"])

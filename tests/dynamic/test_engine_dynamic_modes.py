@@ -233,7 +233,10 @@ def test_a_table_without_optimizer_serves_a_loaded_state() -> None:
     with pytest.raises(RuntimeError, match=r"Unexpected key.*shared\.momenta"):
         serving.load_state_dict(state)  # the optimizer slots have no place here
     slots = (".momenta", ".velocities", ".accumulators")
-    serving.load_state_dict({k: v for k, v in state.items() if not k.endswith(slots)})
+    no_slots = {k: v for k, v in state.items() if not k.endswith(slots)}
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*shared\.pending/keys"):
+        serving.load_state_dict(no_slots)  # nor the pending counts (no admission here)
+    serving.load_state_dict({k: v for k, v in no_slots.items() if ".pending/" not in k})
     features, weights = batch(np.random.default_rng(9), 6)
     trained.eval()
     want = trained(features, weights)

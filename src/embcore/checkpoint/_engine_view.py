@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from embcore._comm import Comm
+from embcore.dynamic import state_check
 from embcore.engine import EmbeddingEngine
 
 __all__ = ["EngineView", "StoredTensor", "table_of"]
@@ -128,6 +129,11 @@ class EngineView:
     def load_dynamic_state(self, table: str, state: dict[str, np.ndarray]) -> None:
         """Replace a dynamic table's state with ``state`` (as :meth:`dynamic_state` gives)."""
         self._engine.store.load_dynamic_state(self._index(table), state)
+
+    def dynamic_problems(self, table: str, state: dict[str, np.ndarray]) -> list[str]:
+        """Why ``state`` cannot be this dynamic table's (empty: it can); see
+        :func:`embcore.dynamic.state_check.problems`."""
+        return state_check.problems(self._engine.tables[self._index(table)], state)
 
     def initial_slots(self, table: str, rows: int) -> dict[str, np.ndarray]:
         """A dynamic table's optimizer slots for ``rows`` new rows: ``{slot: (rows, ...)

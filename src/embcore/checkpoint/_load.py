@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
 from embcore.checkpoint import _delta, _manifest
 from embcore.checkpoint._chain import Link, open_checkpoint, resolve
@@ -63,7 +64,12 @@ def _verify_chunks(
 
 
 def _corrupt(
-    path: str, manifest: dict[str, Any], chunks: list[Chunk], bad: list[int], found: dict[int, str]
+    path: str,
+    manifest: dict[str, Any],
+    chunks: list[Chunk],
+    bad: list[int],
+    found: dict[int, str],
+    outcome: str = "nothing was loaded",
 ) -> CheckpointError:
     lines = [
         f"table '{table_of(chunks[i].key)}': {chunks[i].describe()}: sha256 expected "
@@ -71,9 +77,7 @@ def _corrupt(
         f"{found.get(i, 'a mismatch on another rank')}"
         for i in bad
     ]
-    return CheckpointError(
-        f"embcore.checkpoint: {path} is corrupt, nothing was loaded: " + "; ".join(lines)
-    )
+    return CheckpointError(f"embcore.checkpoint: {path} is corrupt, {outcome}: " + "; ".join(lines))
 
 
 def _bad_chunks(chain: list[Link], rank: int, world: int) -> dict[tuple[int, int], str]:
@@ -90,7 +94,10 @@ def _bad_chunks(chain: list[Link], rank: int, world: int) -> dict[tuple[int, int
 
 
 def _corrupt_chain(
-    chain: list[Link], bad: list[tuple[int, int]], found: dict[tuple[int, int], str]
+    chain: list[Link],
+    bad: list[tuple[int, int]],
+    found: dict[tuple[int, int], str],
+    outcome: str = "nothing was loaded",
 ) -> CheckpointError:
     """The error naming every bad chunk, the first link's path first."""
     i = bad[0][0]
@@ -102,10 +109,25 @@ def _corrupt_chain(
         link.chunks,
         mine,
         {j: found[(i, j)] for j in mine if (i, j) in found},
+        outcome,
     )
     if i < len(chain) - 1:
         return CheckpointError(f"{error} (it is a base of the delta {chain[-1].path})")
     return error
+
+
+def verify_shared(
+    comm: Comm, chain: list[Link], what: str, outcome: str = "nothing was loaded"
+) -> None:
+    """Every rank verifies its share of the sha256 of every chunk of ``chain`` (every
+    ``world``-th); one bad chunk raises :class:`CheckpointError` on every rank, naming it
+    (and ``outcome``)."""
+    found = _bad_chunks(chain, comm.rank, comm.world)
+    every = [(i, j) for i, link in enumerate(chain) for j in range(len(link.chunks))]
+    flags = comm.agree(what, None, [int(k in found) for k in every])
+    bad = [k for n, k in enumerate(every) if any(f[n] for f in flags)]
+    if bad:
+        raise _corrupt_chain(chain, bad, found, outcome)
 
 
 def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -250,17 +272,18 @@ def load(
     comm.agree(what, error)
     comm.check_same(what, fingerprint, f"read another manifest at {path!r}")
 
-    found = _bad_chunks(chain, comm.rank, comm.world)
-    every = [(i, j) for i, link in enumerate(chain) for j in range(len(link.chunks))]
-    flags = comm.agree(what, None, [int(k in found) for k in every])
-    bad = [k for n, k in enumerate(every) if any(f[n] for f in flags)]
-    if bad:
-        raise _corrupt_chain(chain, bad, found)
+    verify_shared(comm, chain, what)
 
     # The dynamic tables are read and replayed into fresh memory before anything changes.
     error, states, known = None, {}, {}
     try:
         states, known = _delta.load_states(view, chain)
+        bad = [p for table, state in states.items() for p in view.dynamic_problems(table, state)]
+        if bad:
+            raise CheckpointError(
+                f"{what}: {path} holds a dynamic table no engine could have saved, nothing "
+                f"was loaded: {'; '.join(bad)}"
+            )
     except (OSError, ValueError) as e:
         error = e
     comm.agree(what, error)

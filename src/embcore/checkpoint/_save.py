@@ -27,6 +27,7 @@ from embcore import _atomic
 from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
 from embcore.checkpoint import _delta, _manifest
+from embcore.checkpoint._base_check import check_base
 from embcore.checkpoint._dcp import Chunked, SavePlanner, dcp_args, dcp_errors, no_dist_ok
 from embcore.checkpoint._digest import digest_from_ints, digest_to_ints, sha256_chunk
 from embcore.checkpoint._engine_view import EngineView, StoredTensor
@@ -114,16 +115,19 @@ def save(
         base: an earlier checkpoint in the same directory as ``path``: write a *delta*, whose
             dynamic tables hold only the rows inserted or changed since ``base`` and the keys
             removed since (fixed tables and the step are written whole). Loading the delta
-            reads ``base`` (and its own base, if it is a delta too).
+            reads ``base`` (and its own base, if it is a delta too), so before writing the
+            ranks check that they were given the same base and that its whole chain is on
+            disk and verifies (every chunk's sha256, shared among the ranks).
 
     Raises:
         FileExistsError: ``path`` holds something already (checkpoints are not overwritten),
             or another save to the same path published first.
-        FileNotFoundError: ``base`` does not exist.
+        FileNotFoundError: ``base`` does not exist, or a checkpoint of its chain is missing.
         ValueError: ``base`` is not another checkpoint of the directory of ``path``.
         CheckpointError (a ValueError): ``base`` is unreadable, or was saved by an engine with
             other tables (names, vocabulary sizes, dims, optimizers, dynamic or not) or
-            features. Nothing is written.
+            features, or a chunk of its chain fails its sha256 (a delta on it could never
+            load), or the ranks were given different bases. Nothing is written.
         DiskFullError (an OSError): the disk filled up; the message names the path.
         RuntimeError: writing failed on another rank; ``path`` was not created.
     """
@@ -139,6 +143,7 @@ def save(
     except (OSError, ValueError) as e:
         error = e
     comm.agree("embcore.checkpoint.save", error)
+    check_base(comm, base, needs_chain="base" in plan.sections)
     tmp, tmp_path = _start(comm, path)
     try:
         _write(view, comm, path, tmp_path, plan)

@@ -11,7 +11,9 @@ then the dynamic tables' key index alone; writes ``results.json`` and ``results.
     embcore bench --repeats 3           # the suite 3 times, systems interleaved in each;
                                         # min / median / max per system, ratios per run
     embcore bench --quick               # CI size, no BENCHMARKS.md
-    embcore bench --device cuda         # GPU mode: W1/W2 at batch 65,536, kernel bandwidth
+    embcore bench --device cuda         # GPU mode: W1/W2/W3 at batch 65,536, bandwidth
+    embcore bench --gpu-mode --quick    # the GPU mode's smoke run on the CPU (Triton's
+                                        # interpreter; scripts/gpu_check.sh --dry-run)
     embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch,
                                         # eager and compiled; its BENCHMARKS.md section
     embcore bench --disk /mnt/scratch   # W4: tables larger than memory, files there, in a
@@ -127,6 +129,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "only --out)",
     )
     p.add_argument(
+        "--gpu-mode",
+        action="store_true",
+        help="the GPU mode on --device even when it is the CPU (a smoke run with the Triton "
+        "backend in its interpreter; implied by --device cuda)",
+    )
+    p.add_argument(
         "--storage-dtype",
         default="float32",
         choices=["float32", "float16", "bfloat16"],
@@ -148,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(root))
     import sidebyside
 
-    if args.device != "cpu":
+    if args.device != "cpu" or args.gpu_mode:
         return _run_gpu(args)
     if args.mainjob:
         return _run_mainjob(args)
@@ -202,25 +210,45 @@ def _run_gpu(args: argparse.Namespace) -> int:
     """The GPU mode: results.json and results.md in ``--out`` (BENCHMARKS.md is edited by
     hand from them)."""
     import json
+    import os
 
+    if args.device == "cpu":  # the smoke run: Triton's interpreter, read at its first import
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
     from sidebyside import gpu
 
-    quick = ["W1-gpu-quick", "W2-gpu-quick"]
-    results = gpu.run(
-        args.workloads or (quick if args.quick else ["W1-gpu", "W2-gpu"]),
-        device=args.device,
-        storage_dtype=getattr(torch, args.storage_dtype),
-        warmup=args.warmup,
-        steps=args.steps,
-        copy_megabytes=32 if args.quick else 1024,
-        log=lambda line: print(line, flush=True),
-    )
+    quick = ["W1-gpu-quick", "W2-gpu-quick", "W3-gpu-quick"]
+    workloads = args.workloads or (quick if args.quick else ["W1-gpu", "W2-gpu", "W3-gpu"])
+    unknown = [w for w in workloads if w not in gpu.GPU_WORKLOADS]
+    if unknown:
+        print(
+            f"embcore bench: unknown GPU workload(s) {unknown}; expected some of "
+            f"{sorted(gpu.GPU_WORKLOADS)}",
+            file=sys.stderr,
+        )
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    table = gpu.markdown(results)
-    (args.out / "results.md").write_text(table)
-    print(table)
+    done: dict[str, dict] = {}
+
+    def write(partial: dict) -> None:  # after every workload: a cut-short run keeps its rows
+        done[partial["optimizer"]] = partial
+        (args.out / "results.json").write_text(json.dumps(done, indent=1))
+        (args.out / "results.md").write_text("\n".join(map(gpu.markdown, done.values())))
+
+    for optimizer in args.optimizers:
+        results = gpu.run(
+            workloads,
+            device=args.device,
+            backend="triton" if args.gpu_mode and args.device == "cpu" else "auto",
+            storage_dtype=getattr(torch, args.storage_dtype),
+            warmup=0 if args.quick and args.device == "cpu" else args.warmup,
+            steps=1 if args.quick and args.device == "cpu" else args.steps,
+            copy_megabytes=32 if args.quick else 1024,
+            log=lambda line: print(line, flush=True),
+            optimizer=optimizer,
+            write=write,
+        )
+        print(gpu.markdown(results))
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -26,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="score a Criteo TSV/Parquet file or the built-in data with a serving bundle",
         description="Load a bundle written by embcore export on CPU, score rows, and report "
         "rows/s, the per-batch latency (median, p99) and, when labels are known, AUC and log "
-        "loss. Without --input it scores the built-in held-out rows of the training run.",
+        "loss. Without --input it scores the built-in held-out rows of the training run. "
+        "By default it reads tensors and JSON only, never code from the bundle; a program "
+        "file (--format pt2 or aoti) is loaded only with --trusted-program.",
     )
     parser.add_argument("--bundle", default="runs/dlrm/export", help="default runs/dlrm/export")
     parser.add_argument(
@@ -42,8 +45,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--format",
         choices=("safetensors", "pt2", "aoti"),
         default="safetensors",
-        help="serve from the safetensors files (default), model.pt2 (the torch.export "
-        "program) or model.aoti.pt2 (its AOTInductor build); the scores are the same",
+        help="serve from the safetensors files (default: a model embcore builds from tensors "
+        "and JSON, fixed or dynamic tables), model.pt2 (the torch.export program) or "
+        "model.aoti.pt2 (its AOTInductor build); the scores are the same. The programs need "
+        "--trusted-program",
+    )
+    parser.add_argument(
+        "--trusted-program",
+        action="store_true",
+        help="allow --format pt2 or aoti: loading a program file can run code it carries (a "
+        ".pt2's pickles and expressions, an AOTInductor shared library), and the bundle's "
+        "checksums detect damage, not tampering; pass it only for bundles from someone you "
+        "trust",
     )
     parser.set_defaults(func=run)
 
@@ -107,6 +120,7 @@ def _check_bundle_files(root: Path, fmt: str) -> None:
 
     from safetensors import safe_open
 
+    from embcore._files import open_regular, read_regular
     from embcore.train.config import Config
     from embcore.train.program import PROGRAM_FILES
 
@@ -124,9 +138,12 @@ def _check_bundle_files(root: Path, fmt: str) -> None:
             "predict with --format safetensors"
         )
     config = root / "config.json"
+    for name in ("config.json", *tensors):  # a link, a FIFO or a device: refused, never read
+        with reading(root / name, "a file of a serving bundle"):
+            os.close(open_regular(root / name)[0])
     if config.exists():
         with reading(config, "the JSON manifest of a serving bundle"):
-            manifest = json.loads(config.read_text())
+            manifest = json.loads(read_regular(config, 1 << 26))
             if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
                 raise UserError(f'{config}: expected a JSON object with a "config" object')
             Config.from_dict(manifest["config"])
@@ -140,18 +157,27 @@ def _check_bundle_files(root: Path, fmt: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from embcore.train.bundle import load_bundle
+    from embcore.train.bundle import load_bundle, untrusted_program
     from embcore.train.predict import score
     from embcore.train.program import PROGRAM_FILES
 
     if args.batch_size < 1 or args.rows < 0:
         raise UserError("--batch-size must be >= 1 and --rows >= 0")
     if args.input and not Path(args.input).is_file():
-        what = "is a directory" if Path(args.input).is_dir() else "no such file"
+        given = Path(args.input)
+        what = (
+            "is a directory"
+            if given.is_dir()
+            else "is not a regular file"
+            if given.exists()
+            else "no such file"
+        )
         raise UserError(f"--input {args.input}: {what}")
+    if args.format in PROGRAM_FILES and not args.trusted_program:
+        raise UserError(untrusted_program(Path(args.bundle) / PROGRAM_FILES[args.format]))
     _check_bundle_files(Path(args.bundle), args.format)
     with reading(args.bundle, "a serving bundle written by embcore export"):
-        serving = load_bundle(args.bundle, args.format)
+        serving = load_bundle(args.bundle, args.format, trusted_program=args.trusted_program)
     threads = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)

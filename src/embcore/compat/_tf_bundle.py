@@ -4,27 +4,45 @@ A checkpoint ``prefix`` is two kinds of files (see docs/feature_columns.md, "Ten
 checkpoints")::
 
     prefix.index                   a LevelDB-format table: tensor name -> BundleEntryProto
-    prefix.data-00000-of-00001     the tensors' raw little-endian bytes, back to back
+    prefix.data-00000-of-0000N     the tensors' raw little-endian bytes, back to back; an
+    ...                            entry's shard_id says which of the N files holds it
 
-An entry names its dtype, shape, data shard, byte offset, size and the masked CRC32C of the
-bytes, which is verified. A partitioned variable (``tf.compat.v1`` partitioners,
-``ShardedVariable``) has an entry listing its slices, each stored under an encoded key; they
-are put back together here. The three protobuf messages involved are read with a small varint
-reader (a handful of fields) rather than a protobuf dependency.
+An entry names its dtype, shape, data file, byte offset, size and the masked CRC32C of the
+bytes, which is verified as TensorFlow verifies it (an entry without one is refused, as
+there). A partitioned variable (``tf.compat.v1`` partitioners, ``ShardedVariable``) has an
+entry listing its slices, each stored under an encoded key; they must tile it exactly (no
+gap, no overlap, the same dtype) and are put back together here.
+
+Every file is opened as a regular file without following a symbolic link, its size known
+before it is read (a FIFO, a link to ``/dev/zero`` or an oversized index is refused at
+once), and every malformed byte ends in :class:`CheckpointError` naming the file and, where
+there is one, the tensor.
 """
 
 from __future__ import annotations
 
-import struct
+import math
+import os
 from pathlib import Path
 
 import numpy as np
 
+from embcore._files import UnsafeFileError, open_regular, read_regular
+from embcore.compat import _tf_index
+from embcore.compat._tf_index import Entry, Malformed
 from embcore.ops.cpu.crc32c import crc32c
 
-__all__ = ["CheckpointError", "checkpoint_shapes", "read_checkpoint"]
+__all__ = [
+    "MAX_INDEX_BYTES",
+    "CheckpointError",
+    "checkpoint_dtypes",
+    "checkpoint_shapes",
+    "read_checkpoint",
+    "read_small_file",
+]
 
-_MAGIC = 0xDB4775248B80FB57  # LevelDB table magic, the last 8 bytes of an .index file
+#: the largest ``.index`` file read (real ones hold about 100 bytes per tensor)
+MAX_INDEX_BYTES = 256 << 20
 _DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
 _DTYPE_NAMES = {7: "string", 14: "bfloat16", 10: "bool"}
 
@@ -33,113 +51,22 @@ class CheckpointError(ValueError):
     """A file that is not a readable TensorFlow checkpoint, naming the file and the problem."""
 
 
-# ------------------------------------------------------------------------------ protobuf
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(buf: bytes) -> list[tuple[int, object]]:
-    """``[(field number, value)]`` of a protobuf message: ints, or bytes for length-delimited
-    fields (wire types 0, 1, 2 and 5)."""
-    out, pos = [], 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = struct.unpack_from("<Q", buf, pos)[0], pos + 8
-        elif wire == 5:
-            value, pos = struct.unpack_from("<I", buf, pos)[0], pos + 4
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            value, pos = buf[pos : pos + size], pos + size
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        out.append((number, value))
-    return out
-
-
-def _int64(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _entry(buf: bytes) -> dict:
-    """A ``BundleEntryProto``: dtype, shape, shard_id, offset, size, crc32c, slices."""
-    entry = {"dtype": 0, "shape": [], "shard_id": 0, "offset": 0, "size": 0, "crc32c": None}
-    entry["slices"] = []
-    for number, value in _fields(buf):
-        if number == 1:
-            entry["dtype"] = value
-        elif number == 2:  # TensorShapeProto: dim (2) -> Dim: size (1)
-            dims = [dict(_fields(d)) for n, d in _fields(value) if n == 2]  # type: ignore[arg-type]
-            entry["shape"] = [_int64(d.get(1, 0)) for d in dims]
-        elif number in (3, 4, 5):
-            entry[{3: "shard_id", 4: "offset", 5: "size"}[number]] = value
-        elif number == 6:
-            entry["crc32c"] = value
-        elif number == 7:  # TensorSliceProto: extent (1) -> start (1), length (2)
-            extents = [dict(_fields(e)) for n, e in _fields(value) if n == 1]  # type: ignore[arg-type]
-            entry["slices"].append([(_int64(e.get(1, 0)), _int64(e.get(2, -1))) for e in extents])
-    return entry
-
-
-# -------------------------------------------------------------------------------- crc32c
-def _masked_crc32c(data: np.ndarray) -> int:
-    crc = crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-# --------------------------------------------------------------------------- the table
-def _block_entries(block: bytes) -> list[tuple[bytes, bytes]]:
-    """The (key, value) pairs of one table block (keys share prefixes with the previous)."""
-    restarts = struct.unpack_from("<I", block, len(block) - 4)[0]
-    end = len(block) - 4 - 4 * restarts
-    out, pos, key = [], 0, b""
-    while pos < end:
-        shared, pos = _varint(block, pos)
-        unshared, pos = _varint(block, pos)
-        size, pos = _varint(block, pos)
-        key = key[:shared] + block[pos : pos + unshared]
-        pos += unshared
-        out.append((key, block[pos : pos + size]))
-        pos += size
-    return out
-
-
-def _read_block(data: bytes, handle: bytes, path: Path) -> bytes:
-    offset, pos = _varint(handle, 0)
-    size, _ = _varint(handle, pos)
-    block = data[offset : offset + size]
-    kind = data[offset + size]
-    if kind != 0:
-        raise CheckpointError(f"{path}: compressed table blocks (type {kind}) are not supported")
-    return block
-
-
-def _index(path: Path) -> dict[bytes, bytes]:
-    """``{key: value}`` of every entry in the ``.index`` table."""
+def read_small_file(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path`` (no symbolic link, FIFO or device; at most
+    ``limit`` bytes), or :class:`CheckpointError` naming it and ``what`` it is."""
     try:
-        data = path.read_bytes()
+        return read_regular(path, limit)
+    except UnsafeFileError as e:
+        raise CheckpointError(f"{path}: refusing to read the {what}: {e}") from e
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot read the checkpoint index ({e})") from e
-    if len(data) < 48 or struct.unpack_from("<Q", data, len(data) - 8)[0] != _MAGIC:
-        raise CheckpointError(f"{path}: not a TensorFlow checkpoint index (no table magic)")
-    footer = data[-48:]
-    _, pos = _varint(footer, 0)
-    _, pos = _varint(footer, pos)  # the metaindex handle (unused)
-    index_block = _read_block(data, footer[pos:], path)
-    entries: dict[bytes, bytes] = {}
-    for _, handle in _block_entries(index_block):
-        entries.update(_block_entries(_read_block(data, handle, path)))
-    return entries
+        raise CheckpointError(f"{path}: cannot read the {what} ({e})") from e
+
+
+def dtype_name(code: int) -> str:
+    """TensorFlow's name of a ``DataType`` enum value (``float32``, ``int64``, ...)."""
+    if code in _DTYPES:
+        return np.dtype(_DTYPES[code]).name
+    return _DTYPE_NAMES.get(code, f"dtype enum {code}")
 
 
 # ------------------------------------------------------------------------ slice keys
@@ -175,37 +102,179 @@ def _slice_key(name: str, extents: list[tuple[int, int]]) -> bytes:
 
 
 # ------------------------------------------------------------------------------ reading
-def _tensor(prefix: Path, entry: dict, name: str, shards: dict) -> np.ndarray:
-    dtype = _DTYPES.get(entry["dtype"])
-    if dtype is None:
-        kind = _DTYPE_NAMES.get(entry["dtype"], f"enum {entry['dtype']}")
-        raise CheckpointError(f"{prefix}: tensor '{name}' has dtype {kind}, not a number type")
-    data = shards[entry["shard_id"]][entry["offset"] : entry["offset"] + entry["size"]]
-    raw = np.asarray(np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data)
-    if len(raw) != entry["size"]:
-        raise CheckpointError(f"{prefix}: tensor '{name}' runs past the end of its data file")
-    if entry["crc32c"] is not None and _masked_crc32c(raw) != entry["crc32c"]:
-        raise CheckpointError(f"{prefix}: tensor '{name}' fails its CRC32C check (corrupt data)")
-    return raw.view(np.dtype(dtype).newbyteorder("<")).reshape(entry["shape"]).copy()
+def _masked_crc32c(data: np.ndarray) -> int:
+    crc = crc32c(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def _entries(prefix: Path) -> dict[bytes, bytes]:
-    entries = _index(prefix.with_name(prefix.name + ".index"))
-    header = dict(_fields(entries.get(b"", b"")))
-    if header.get(2, 0) != 0:  # BundleHeaderProto.endianness: LITTLE = 0
-        raise CheckpointError(f"{prefix}: big-endian checkpoints are not supported")
-    return entries
+class _Bundle:
+    """One checkpoint: its index entries and (opened on first use) its data files."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = prefix
+        self.index_path = prefix.with_name(prefix.name + ".index")
+        raw = read_small_file(self.index_path, MAX_INDEX_BYTES, "checkpoint index")
+        try:
+            self.entries = _tf_index.table(raw)
+            if b"" not in self.entries:
+                raise Malformed("no header entry (the empty key)")
+            self.num_shards, endianness = _tf_index.header(self.entries[b""])
+        except Malformed as e:
+            raise CheckpointError(f"{self.index_path}: {e}") from e
+        if endianness != 0:  # BundleHeaderProto.endianness: LITTLE = 0
+            raise CheckpointError(f"{self.index_path}: big-endian checkpoints are not supported")
+        if not 1 <= self.num_shards <= 1 << 20:
+            raise CheckpointError(f"{self.index_path}: the header names {self.num_shards} files")
+        self._shards: dict[int, np.ndarray | bytes] = {}
+        self._paths: dict[int, Path] = {}
+
+    def entry(self, key: bytes, name: str) -> Entry:
+        try:
+            return _tf_index.entry(self.entries[key])
+        except Malformed as e:
+            raise CheckpointError(f"{self.index_path}: tensor '{name}': {e}") from e
+
+    def names(self) -> dict[str, Entry]:
+        """``{name: entry}`` of every tensor (not the header, not the slices' own keys)."""
+        return {
+            key.decode("utf-8", "replace"): self.entry(key, key.decode("utf-8", "replace"))
+            for key in self.entries
+            if key and not key.startswith(b"\x00")
+        }
+
+    def _shard(self, shard_id: int, name: str) -> np.ndarray | bytes:
+        if shard_id >= self.num_shards:
+            raise CheckpointError(
+                f"{self.index_path}: tensor '{name}' is in data file {shard_id}, the "
+                f"checkpoint has {self.num_shards}"
+            )
+        if shard_id not in self._shards:
+            suffix = f".data-{shard_id:05d}-of-{self.num_shards:05d}"
+            path = self.prefix.with_name(self.prefix.name + suffix)
+            try:
+                fd, size = open_regular(path)
+            except UnsafeFileError as e:
+                raise CheckpointError(f"{path}: refusing to read the checkpoint data: {e}") from e
+            except OSError as e:
+                raise CheckpointError(f"{path}: cannot read the checkpoint data ({e})") from e
+            with os.fdopen(fd, "rb") as f:  # the map keeps its own reference to the file
+                data = np.memmap(f, dtype=np.uint8, mode="r") if size else b""
+            self._shards[shard_id], self._paths[shard_id] = data, path
+        return self._shards[shard_id]
+
+    def check_bytes(self, e: Entry, name: str, shape: tuple[int, ...]) -> None:
+        """Refuse an entry whose size is not what its dtype and ``shape`` need, or whose bytes
+        lie past the end of its data file (before anything is allocated or read)."""
+        where = f"{self.prefix}: tensor '{name}'"
+        dtype = _DTYPES.get(e.dtype)
+        if dtype is None:
+            raise CheckpointError(f"{where} has dtype {dtype_name(e.dtype)}, not a number type")
+        need = math.prod(shape) * np.dtype(dtype).itemsize
+        if e.size != need:
+            raise CheckpointError(
+                f"{where} stores {e.size} bytes, its shape {list(shape)} of "
+                f"{dtype_name(e.dtype)} needs {need}"
+            )
+        data = self._shard(e.shard_id, name)
+        if e.offset + e.size > len(data):
+            raise CheckpointError(
+                f"{where} runs past the end of its data file (bytes {e.offset} to "
+                f"{e.offset + e.size} of {len(data)})"
+            )
+
+    def tensor(self, e: Entry, name: str) -> np.ndarray:
+        """The values of one stored entry (checked with :meth:`check_bytes` first)."""
+        self.check_bytes(e, name, e.shape)
+        data = self._shard(e.shard_id, name)
+        if isinstance(data, bytes):  # an empty data file (only empty tensors fit in it)
+            raw = np.frombuffer(data, np.uint8, count=e.size, offset=e.offset)
+        else:
+            raw = np.asarray(data[e.offset : e.offset + e.size])
+        if _masked_crc32c(raw) != e.crc32c:
+            problem = (
+                "fails its CRC32C check (corrupt data)"
+                if e.has_crc
+                else "has no CRC32C (TensorFlow refuses such an entry too)"
+            )
+            raise CheckpointError(f"{self._paths[e.shard_id]}: tensor '{name}' {problem}")
+        dtype = np.dtype(_DTYPES[e.dtype]).newbyteorder("<")
+        return raw.view(dtype).reshape(e.shape).copy()
+
+    def read(self, name: str) -> np.ndarray:
+        key = name.encode()
+        if key not in self.entries or not key:
+            raise CheckpointError(f"{self.prefix}: no tensor '{name}' in the checkpoint")
+        e = self.entry(key, name)
+        if not e.slices:
+            return self.tensor(e, name)
+        return self._assemble(e, name)
+
+    def _assemble(self, full: Entry, name: str) -> np.ndarray:
+        """A partitioned tensor from its slices, which must tile it exactly."""
+        where = f"{self.prefix}: tensor '{name}'"
+        if _DTYPES.get(full.dtype) is None:
+            raise CheckpointError(f"{where} has dtype {dtype_name(full.dtype)}, not a number type")
+        boxes, parts = [], []
+        for extents in full.slices:
+            if len(extents) > len(full.shape):
+                raise CheckpointError(f"{where}: slice {extents} has more dims than the tensor")
+            padded = extents + [(0, -1)] * (len(full.shape) - len(extents))
+            box = []
+            for (start, length), dim in zip(padded, full.shape, strict=True):
+                stop = dim if length < 0 else start + length
+                if start < 0 or stop > dim or (length < 0 and start != 0):
+                    raise CheckpointError(f"{where}: slice {extents} lies outside {full.shape}")
+                box.append((start, stop))
+            key = _slice_key(name, extents)
+            if key not in self.entries:
+                raise CheckpointError(f"{where}: slice {extents} is missing")
+            part = self.entry(key, name)
+            shape = tuple(b - a for a, b in box)
+            if part.dtype != full.dtype or part.shape != shape or part.slices:
+                raise CheckpointError(
+                    f"{where}: slice {extents} holds {dtype_name(part.dtype)} of shape "
+                    f"{list(part.shape)}, expected {dtype_name(full.dtype)} of shape {list(shape)}"
+                )
+            self.check_bytes(part, name, shape)
+            boxes.append(box)
+            parts.append(part)
+        _check_tiling(boxes, full.shape, where)
+        out = np.empty(full.shape, dtype=_DTYPES[full.dtype])
+        for box, part in zip(boxes, parts, strict=True):
+            out[tuple(slice(a, b) for a, b in box)] = self.tensor(part, name)
+        return out
+
+
+def _check_tiling(boxes: list[list[tuple[int, int]]], shape: tuple[int, ...], where: str) -> None:
+    """Refuse slices that overlap or leave a gap (their volumes must add up to the tensor's,
+    and no two may intersect)."""
+    total = sum(math.prod(b - a for a, b in box) for box in boxes)
+    ordered = sorted(boxes)
+    for i, box in enumerate(ordered):
+        for other in ordered[i + 1 :]:
+            if other[0][0] >= box[0][1]:
+                break  # sorted by first-dim start: no later box reaches back into this one
+            if all(a < d and c < b for (a, b), (c, d) in zip(box, other, strict=True)):
+                raise CheckpointError(f"{where}: slices {box} and {other} overlap")
+    if total != math.prod(shape):
+        raise CheckpointError(
+            f"{where}: the slices hold {total} of its {math.prod(shape)} values (a slice is "
+            "missing from the entry)"
+        )
+
+
+def _numeric(entry: Entry) -> bool:
+    return entry.dtype != 7  # strings: the object graph and other bookkeeping
 
 
 def checkpoint_shapes(prefix: str | Path) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` of every numeric tensor of a checkpoint, read from its index only."""
-    out = {}
-    for key, value in _entries(Path(prefix)).items():
-        if key and not key.startswith(b"\x00"):  # not the header, not one slice of a tensor
-            entry = _entry(value)
-            if entry["dtype"] != 7:  # strings: the object graph and other bookkeeping
-                out[key.decode("utf-8", "replace")] = tuple(entry["shape"])
-    return out
+    """``{name: shape}`` of every tensor of a checkpoint but strings, read from its index."""
+    return {n: e.shape for n, e in _Bundle(Path(prefix)).names().items() if _numeric(e)}
+
+
+def checkpoint_dtypes(prefix: str | Path) -> dict[str, str]:
+    """``{name: dtype name}`` of every tensor of a checkpoint but strings (``float32``...)."""
+    return {n: dtype_name(e.dtype) for n, e in _Bundle(Path(prefix)).names().items() if _numeric(e)}
 
 
 def read_checkpoint(prefix: str | Path, names: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -222,43 +291,11 @@ def read_checkpoint(prefix: str | Path, names: list[str] | None = None) -> dict[
         are left out.
 
     Raises:
-        CheckpointError: a missing or unreadable file, a failed checksum, an unknown name, or
-            a tensor whose slices do not cover it.
+        CheckpointError: a missing, unsafe or malformed file, a failed or missing checksum,
+            an unknown name, or a tensor whose slices do not tile it; the message names the
+            file and the tensor.
     """
-    prefix = Path(prefix)
-    entries = _entries(prefix)
-    num_shards = int(dict(_fields(entries.get(b"", b""))).get(1, 1))  # type: ignore[arg-type]
-    shards = {}
-    for i in range(num_shards):
-        path = prefix.with_name(f"{prefix.name}.data-{i:05d}-of-{num_shards:05d}")
-        try:
-            size = path.stat().st_size
-            shards[i] = np.memmap(path, dtype=np.uint8, mode="r") if size else b""
-        except OSError as e:
-            raise CheckpointError(f"{path}: cannot read the checkpoint data ({e})") from e
-    wanted = list(checkpoint_shapes(prefix)) if names is None else names
-    out: dict[str, np.ndarray] = {}
-    for name in wanted:
-        value = entries.get(name.encode())
-        if value is None:
-            raise CheckpointError(f"{prefix}: no tensor '{name}' in the checkpoint")
-        entry = _entry(value)
-        if not entry["slices"]:
-            out[name] = _tensor(prefix, entry, name, shards)
-            continue
-        full = np.zeros(entry["shape"], dtype=_DTYPES.get(entry["dtype"], np.float32))
-        covered = np.zeros(entry["shape"][:1] or [1], dtype=bool)
-        for extents in entry["slices"]:
-            part_key = _slice_key(name, extents)
-            if part_key not in entries:
-                raise CheckpointError(f"{prefix}: slice {extents} of tensor '{name}' is missing")
-            where = tuple(
-                slice(None) if n < 0 else slice(s, s + n)
-                for s, n in extents + [(0, -1)] * (full.ndim - len(extents))
-            )
-            full[where] = _tensor(prefix, _entry(entries[part_key]), name, shards)
-            covered[where[0] if full.ndim else 0] = True
-        if not covered.all():
-            raise CheckpointError(f"{prefix}: the slices of tensor '{name}' do not cover it")
-        out[name] = full
-    return out
+    bundle = _Bundle(Path(prefix))
+    if names is None:
+        names = [n for n, e in bundle.names().items() if _numeric(e)]
+    return {name: bundle.read(name) for name in names}

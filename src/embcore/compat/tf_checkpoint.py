@@ -15,6 +15,7 @@ checked and nothing is written unless the whole checkpoint maps.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from embcore.compat._tf_bundle import CheckpointError, checkpoint_shapes, read_checkpoint
+from embcore.compat._tf_bundle import (
+    CheckpointError,
+    checkpoint_dtypes,
+    checkpoint_shapes,
+    read_checkpoint,
+    read_small_file,
+)
 from embcore.engine import EmbeddingEngine
 
 __all__ = ["CheckpointError", "load_tf_checkpoint", "resolve_checkpoint_prefix"]
@@ -39,22 +46,37 @@ _ESTIMATOR_SLOTS = {
 }
 
 
+#: the largest ``checkpoint`` state file read (TensorFlow's are a few hundred bytes)
+MAX_STATE_BYTES = 1 << 20
+
+
 def resolve_checkpoint_prefix(path: str | Path) -> Path:
     """A checkpoint prefix from a prefix or a directory (whose ``checkpoint`` file names the
     latest one, as ``tf.train.latest_checkpoint`` reads it).
 
+    The ``checkpoint`` file is read as a regular file of at most 1 MiB (not a link, FIFO or
+    device), and the prefix it names must lie inside the directory: a relative name is taken
+    from the directory, an absolute one must point into it.
+
     Raises:
-        CheckpointError: no ``.index`` file at the prefix, or a directory without checkpoint.
+        CheckpointError: no ``.index`` file at the prefix, a directory without checkpoint, or
+            a ``checkpoint`` file that is unsafe, malformed or names a place outside.
     """
     path = Path(path)
     if path.is_dir():
         state = path / "checkpoint"
-        found = re.search(r'^model_checkpoint_path:\s*"(.*)"', _read_text(state), re.M)
-        if found is None:
-            raise CheckpointError(f"{state}: no model_checkpoint_path line")
-        named = Path(found.group(1))
-        path = named if named.is_absolute() else path / named
-    if not path.with_name(path.name + ".index").is_file():
+        try:
+            text = read_small_file(state, MAX_STATE_BYTES, "checkpoint state").decode()
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{state}: not a text file ({e})") from e
+        found = re.findall(r'^model_checkpoint_path:\s*"([^"\\\n]*)"\s*$', text, re.M)
+        if len(found) != 1:  # TensorFlow's parser would take the last of several
+            raise CheckpointError(
+                f"{state}: expected one model_checkpoint_path line, found {len(found)}"
+            )
+        path = _inside(path, found[0], state)
+    index = path.with_name(path.name + ".index")
+    if not os.path.lexists(index):  # present: opened (and refused if unsafe) when read
         raise CheckpointError(
             f"{path}: no TensorFlow checkpoint here (expected {path.name}.index beside the "
             "data files; pass the prefix such as .../model.ckpt-100 or its directory)"
@@ -62,11 +84,19 @@ def resolve_checkpoint_prefix(path: str | Path) -> Path:
     return path
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e}); pass the checkpoint prefix") from e
+def _inside(directory: Path, named: str, state: Path) -> Path:
+    """The prefix ``named`` by ``state``, refused unless it lies inside ``directory``."""
+    prefix = Path(named) if Path(named).is_absolute() else directory / named
+    home = os.path.realpath(directory)
+    where = os.path.realpath(prefix.parent)
+    if not named or os.path.commonpath([home, where]) != home:
+        local = directory / Path(named).name
+        hint = f" (pass the prefix {local} if that is the one)" if named else ""
+        raise CheckpointError(
+            f"{state}: model_checkpoint_path {named!r} is not inside {directory}; only a "
+            f"checkpoint of the directory itself is read from its checkpoint file{hint}"
+        )
+    return prefix
 
 
 def _engine_of(target: Any) -> EmbeddingEngine:
@@ -151,18 +181,33 @@ def load_tf_checkpoint(
         ``{"tbl_a.weight": "model/embedding/tbl_a/.ATTRIBUTES/VARIABLE_VALUE", ...}``.
 
     Raises:
-        CheckpointError: an unreadable checkpoint, or one that does not map onto the engine:
-            a table or slot it lacks (naming the table, the slot and the name looked for), one
-            found under several names, or a shape that differs (both shapes named). The engine
-            is unchanged then.
+        CheckpointError: an unreadable, unsafe or malformed checkpoint (naming the file and
+            the tensor), or one that does not map onto the engine: a table or slot it lacks
+            (naming the table, the slot and the name looked for), one found under several
+            names, a shape or dtype that differs (both named), or a dynamic table in the
+            engine (TensorFlow tables have fixed rows). The engine is unchanged then.
     """
     if layout not in ("auto", "midlevel", "estimator"):
         raise ValueError(
             f"load_tf_checkpoint: layout must be 'auto', 'midlevel' or 'estimator', got {layout!r}"
         )
     engine = _engine_of(target)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"load_tf_checkpoint: path must be a str or os.PathLike, got {type(path).__name__}"
+        )
     prefix = resolve_checkpoint_prefix(path)
+    dynamic = [t.name for t in engine.tables if t.dynamic]
+    if dynamic:
+        raise CheckpointError(
+            f"{prefix}: tables {dynamic} are dynamic (vocabulary_size=None); a TensorFlow table "
+            "holds the rows of ids 0 .. V-1 of a fixed vocabulary, and its keys, counts and "
+            "last-seen steps would have to be made up. Load it into a table with that "
+            "vocabulary_size, or build the dynamic table's state (keys, weight, slots, freq, "
+            "last_seen, step) yourself and pass it to load_state_dict"
+        )
     shapes = checkpoint_shapes(prefix)  # the index only: tensors are read once they map
+    dtypes = checkpoint_dtypes(prefix)
     names = sorted(shapes)
     layout = _detect(names) if layout == "auto" else layout
     overrides = dict(variable_names or {})
@@ -181,6 +226,12 @@ def load_tf_checkpoint(
             raise CheckpointError(
                 f"{prefix}: {what}: checkpoint tensor '{name}' has shape "
                 f"{list(shapes[name])}, the engine expects {list(expected)}"
+            )
+        want = str(state[key].dtype).removeprefix("torch.")
+        if dtypes[name] != want:
+            raise CheckpointError(
+                f"{prefix}: {what}: checkpoint tensor '{name}' is {dtypes[name]}, the engine "
+                f"holds {want} (values are never converted)"
             )
         loaded[key] = name
 
@@ -233,6 +284,6 @@ def load_tf_checkpoint(
             take(key, name, where)
     tensors = read_checkpoint(prefix, list(loaded.values()))  # checksums verified here
     for key, name in loaded.items():
-        state[key] = torch.from_numpy(np.ascontiguousarray(tensors[name])).to(state[key].dtype)
+        state[key] = torch.from_numpy(np.ascontiguousarray(tensors[name]))
     engine.load_state_dict(state)  # everything checked and read: one update
     return loaded

@@ -186,6 +186,10 @@ class KeyIndex:
         if not self._fits(new_keys):
             self._reserve(new_keys)
 
+    def fits(self, new_keys: int) -> bool:
+        """Whether inserting ``new_keys`` more keys allocates nothing."""
+        return self._fits(new_keys)
+
     def remove(self, keys: np.ndarray) -> np.ndarray:
         """Remove the keys that have a row; returns their freed rows ``(F,) int64`` in the
         order the keys were given (absent keys are skipped). Freed rows are reused by later

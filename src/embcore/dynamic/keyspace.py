@@ -169,6 +169,18 @@ class KeySpace:
         meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
         self._key, self._freq, self._last, self._live = meta
 
+    def fits(self, new_keys: int) -> bool:
+        """Whether a training lookup admitting ``new_keys`` keys allocates nothing here (index
+        slots and row metadata; pending counts aside)."""
+        top = self._index.num_rows + max(0, new_keys - self._index.num_free)
+        return self._index.fits(new_keys) and top <= self._key.size
+
+    def count_new(self, keys: np.ndarray) -> int:
+        """The distinct keys of ``keys: (N,) int64`` without a row: the most a training lookup
+        of them can admit (a batch repeating held keys needs no room)."""
+        keys = check_keys(keys, self.table, "KeySpace.count_new")
+        return int(np.unique(keys[self._index.find(keys) < 0]).size)
+
     # ---------------------------------------------------------------- step boundaries
 
     def end_step(self) -> Evicted:

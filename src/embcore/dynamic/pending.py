@@ -73,6 +73,11 @@ class PendingCounts:
         return len(self._index)
 
     @property
+    def sketch_shape(self) -> tuple[int, int]:
+        """``(depth, width)`` of the count-min sketch (what a saved ``sketch`` must have)."""
+        return self._depth, self._width
+
+    @property
     def exact(self) -> bool:
         """True while every pending count is exact (the sketch was never used)."""
         return self._sketch is None

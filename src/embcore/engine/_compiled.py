@@ -36,6 +36,7 @@ class EngineOps:
         # what the activations' autograd hangs on (a tensor made inside a compiled region
         # cannot require grad); its gradient, always empty, is the update's result
         self.anchor = torch.zeros(0, requires_grad=True)
+        self._features: list[_library.OpFeature] | None = None
 
     def __reduce__(self) -> tuple:
         # a copy or a pickle of the engine registers a target of its own (attach_ops, from
@@ -56,6 +57,21 @@ class EngineOps:
     def op_device(self) -> torch.device:
         return self.engine.device
 
+    def op_features(self) -> list[_library.OpFeature]:
+        if self._features is None:  # the engine's features and tables never change
+            e = self.engine
+            self._features = [
+                _library.OpFeature(
+                    f.name,
+                    e._tables[f.table].name,
+                    e._tables[f.table].vocabulary_size,
+                    "sum" if f.config.max_sequence_length > 0 else e._tables[f.table].combiner,
+                    e._tables[f.table].dim,
+                )
+                for f in e._features
+            ]
+        return self._features
+
     def op_convert(self, ids: Sequence[Tensor], observe: bool) -> list[FeatureBatch]:
         e = self.engine
         batches = [
@@ -68,6 +84,8 @@ class EngineOps:
 
     def op_lookup(self, batches: list[FeatureBatch], stacked: bool, training: bool) -> list[Tensor]:
         e = self.engine
+        if training:  # a training lookup of tables that no update can follow
+            e._require_optimizers("embcore::lookup (training)")
         if not stacked:  # an operator's outputs may not share memory (a backend's may)
             outs, storages = [], set()
             for act in e._lookup(batches, training=training):
@@ -84,6 +102,7 @@ class EngineOps:
 
     def op_update(self, batches: list[FeatureBatch], grads: list[Tensor], stacked: bool) -> None:
         e = self.engine
+        e._require_optimizers("embcore::update")
         whole = None
         if stacked and grads[0].dim() == 3:
             grad = grads[0].detach().to(torch.float32)

@@ -93,7 +93,7 @@ class LocalStore(nn.Module):
         rows = list(self.rows)
         if training:  # room in every table before any table changes
             for r, b in zip(rows, features, strict=True):
-                r.reserve(sum(x.values.numel() for x in b))
+                r.reserve(b)
         mapped = [r.map(b, training) for r, b in zip(rows, features, strict=True)]
         return ops.lookup(self.backend, [r.state() for r in rows], mapped, out=out)
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from embcore.config import ResolvedTable
+from embcore.engine._state_checks import dynamic_entries, fixed_problems
 from embcore.engine._store import stored_names
 
 __all__ = ["StateDictMethods", "check_state_dict", "load_state", "save_state", "state_items"]
@@ -114,27 +115,23 @@ def load_state(
     dynamic: dict[int, dict[str, Any]] = {}
     lacking: list[str] = []
     partial: list[str] = []
-    for table in engine.tables:
+    for table in engine.tables:  # every table is checked before the first copy
         if table.index in keyed:
+            entries = dynamic_entries(table, state_dict, prefix, strict)
             head = f"{prefix}{table.name}."
-            known = {"step", "keys", "freq", "last_seen", *_names(items, table.index)}
-            given = {
-                k[len(head) :]: v
-                for k, v in state_dict.items()
-                if k.startswith(head)
-                and (k[len(head) :] in known or k[len(head) :].startswith("pending/"))
-            }
-            lacks = [head + n for n in sorted(known - set(given))]
-            if lacks and given and not strict:  # keys and rows only make sense together
-                partial.append(f"{head[:-1]}: a dynamic table loads whole, lacking {lacks}")
-            lacking += lacks
-            expected |= {head + k: tuple(getattr(v, "shape", ())) for k, v in given.items()}
-            dynamic[table.index] = given
+            lacking += entries.lacking
+            partial += entries.errors
+            expected |= {head + k: tuple(getattr(v, "shape", ())) for k, v in entries.given.items()}
+            dynamic[table.index] = entries.given
     absent, extra, errors = check_state_dict(state_dict, prefix, expected)
     lacking += absent
     missing.extend(lacking)
     unexpected.extend(extra)
-    errors += partial
+    errors += partial + fixed_problems(
+        state_dict,
+        [k for k, v in items.items() if v[0] not in keyed],
+        f"{prefix}step",
+    )
     if errors or (strict and (lacking or extra)):
         return errors  # load nothing: a failed load leaves the engine as it was
     if not any(k in state_dict for k in expected):
@@ -150,7 +147,3 @@ def load_state(
             engine._step.copy_(state_dict[f"{prefix}step"])
     engine.discard_pending()
     return []
-
-
-def _names(items: Mapping[str, tuple[int, str]], table: int) -> list[str]:
-    return [name for t, name in items.values() if t == table]

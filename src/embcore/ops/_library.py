@@ -36,8 +36,9 @@ import torch
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
+from embcore.ops._op_inputs import OpFeature, check_grads, check_inputs
 
-__all__ = ["COMBINERS", "OpTarget", "lookup", "register", "target", "update"]
+__all__ = ["COMBINERS", "OpFeature", "OpTarget", "lookup", "register", "target", "update"]
 
 #: The combiner of each code in the operators' ``combiners`` argument.
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -52,6 +53,10 @@ class OpTarget(Protocol):
 
     def op_device(self) -> torch.device:
         """Where activations live."""
+        ...
+
+    def op_features(self) -> Sequence[OpFeature]:
+        """What the checks of the operators' arguments need to know of each feature."""
         ...
 
     def op_convert(self, ids: Sequence[Tensor], observe: bool) -> list[FeatureBatch]:
@@ -90,13 +95,19 @@ def target(handle: int) -> OpTarget:
 
 
 def _batches(
+    op: str,
     op_target: OpTarget,
     values: list[Tensor],
     offsets: list[Tensor],
     weights: list[Tensor | None],
     combiners: list[int],
+    stacked: bool,
     observe: bool,
 ) -> list[FeatureBatch]:
+    """The operator's batch, checked as the engine's conversion checks one (:mod:`._op_inputs`:
+    the operators are public entry points, the kernels trust what they get)."""
+    features = op_target.op_features()
+    check_inputs(op, features, values, offsets, weights, combiners, stacked, op_target.op_device())
     if not offsets:  # raw dense ids
         return op_target.op_convert(values, observe)
     return [
@@ -118,7 +129,7 @@ def lookup(
 ) -> list[Tensor]:
     """The activations of every feature (see the module docstring)."""
     op_target = target(handle)
-    batches = _batches(op_target, values, offsets, weights, combiners, observe=True)
+    batches = _batches("lookup", op_target, values, offsets, weights, combiners, stacked, True)
     return op_target.op_lookup(batches, stacked, training)
 
 
@@ -163,7 +174,8 @@ def update(
     """The engine's update with ``grads`` (shaped as the lookup's outputs); returns an empty
     tensor (the anchor's gradient). Writes the engine's tables, which are not arguments."""
     op_target = target(handle)
-    batches = _batches(op_target, values, offsets, weights, combiners, observe=False)
+    check_grads(op_target.op_features(), offsets, values, grads, stacked)
+    batches = _batches("update", op_target, values, offsets, weights, combiners, stacked, False)
     op_target.op_update(batches, list(grads), stacked)
     return torch.zeros(0)
 

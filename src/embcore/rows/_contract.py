@@ -97,8 +97,8 @@ class RowStore(Protocol):
     piece's rows), or int64 keys of a keyed table. *Slots* are the row numbers of the tensors
     in :meth:`state`, which the kernels index. The step, in the order a store calls it::
 
-        reserve(n)            training lookups only: room for n more ids, before any table
-                              of the step changes (may raise, changing nothing)
+        reserve(batches)      training lookups only: room for the batches' new ids, before
+                              any table of the step changes (may raise, changing nothing)
         map(batches, train)   ids -> slots: counting, admitting, fetching into a cache,
                               refreshing, where the kind does; the kernels then read state()
         for_update(batches)   the slots the batches' training lookup gave them (a slot that
@@ -128,9 +128,10 @@ class RowStore(Protocol):
     def flush_before_training_lookup(self) -> bool: ...
 
     # ------------------------------------------------------------------ the step
-    def reserve(self, occurrences: int) -> None:
-        """Make room for a training lookup of ``occurrences`` ids, each possibly new.
-        Changes no visible state; raises ``MemoryError`` naming the table otherwise."""
+    def reserve(self, batches: Sequence[FeatureBatch]) -> None:
+        """Make room for a training lookup of ``batches`` (the ids :meth:`map` will get):
+        rows, slots and index space for the ids that may be new. Changes no visible state;
+        raises ``MemoryError`` naming the table otherwise."""
         ...
 
     def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:

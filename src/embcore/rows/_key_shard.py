@@ -35,7 +35,7 @@ class KeyShard:
     if TYPE_CHECKING:  # KeyedRows'
 
         def tensor(self, name: str) -> Tensor: ...
-        def reserve(self, occurrences: int) -> None: ...
+        def _reserve_keys(self, keys: np.ndarray) -> None: ...
         def content(self) -> dict[str, Any]: ...
         def load_content(self, state: dict[str, Any]) -> None: ...
         def _initialise(
@@ -52,7 +52,7 @@ class KeyShard:
             IndexMemoryError: no memory for the new rows; nothing was changed.
         """
         k, m = keys.cpu().numpy(), mult.cpu().numpy()
-        self.reserve(k.size)  # before any change of state
+        self._reserve_keys(k)  # rows for the keys without one, before any change of state
         admitted = self.space.train(np.repeat(k, m))
         self.new = (admitted.new_keys, admitted.new_rows)
         if not defer:

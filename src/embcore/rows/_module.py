@@ -16,8 +16,8 @@ __all__ = ["RowModule"]
 class RowModule(nn.Module):
     """A row storage's tensors as buffers ``weight`` and ``slot_{name}``.
 
-    :meth:`state` is rebuilt only when a buffer was replaced (``.to()``, growth): backends
-    cache per-state work (descriptors, checks) on the object.
+    :meth:`state` is rebuilt only after a buffer was replaced (``.to()``, growth, an
+    assignment): backends cache per-state work (descriptors, checks) on the object.
     """
 
     def __init__(self, table: ResolvedTable, stochastic_rounding: bool) -> None:
@@ -26,7 +26,7 @@ class RowModule(nn.Module):
         self.stochastic_rounding = stochastic_rounding
         opt = table.optimizer
         self.slot_names = [s.name for s in opt.slot_specs()] if opt else []
-        self._state_cache: tuple[tuple[Tensor, ...], ops.TableState] | None = None
+        self._state_cache: ops.TableState | None = None
 
     def tensor(self, name: str) -> Tensor:
         """The live ``weight`` or slot tensor, by slot."""
@@ -35,20 +35,27 @@ class RowModule(nn.Module):
     def put(self, name: str, value: Tensor) -> None:
         """Register or replace the ``weight`` or slot tensor."""
         self.register_buffer("weight" if name == "weight" else f"slot_{name}", value)
+        self._state_cache = None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in self.__dict__.get("_buffers", ()):
+            self.__dict__["_state_cache"] = None  # a buffer replaced by assignment
+        super().__setattr__(name, value)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        self._state_cache = None  # moves and casts replace the buffers
+        return super()._apply(fn, recurse)
 
     def state(self) -> ops.TableState:
-        buffers = tuple(self._buffers.values())
-        cached = self._state_cache
-        if cached is None or any(a is not b for a, b in zip(cached[0], buffers, strict=True)):
-            state = ops.TableState(
+        if self._state_cache is None:
+            self._state_cache = ops.TableState(
                 self.table.name,
                 self.tensor("weight"),
                 {n: self.tensor(n) for n in self.slot_names},
                 self.table.optimizer,
                 self.stochastic_rounding,
             )
-            cached = self._state_cache = (buffers, state)
-        return cached[1]
+        return self._state_cache
 
     def memory(self) -> dict[str, int]:
         tier = "gpu" if self.tensor("weight").is_cuda else "ram"

@@ -28,10 +28,10 @@ def register(kind: str, cls: str | type) -> None:
 
 
 def kind_of(table: ResolvedTable) -> str:
-    """The kind of row storage ``table`` gets: the kind its storage names (an object with a
-    ``kind`` attribute: its ``TableConfig.storage`` or the engine's default), else
-    ``"keyed"`` for a dynamic table (``vocabulary_size=None``) and ``"dense"`` for a fixed
-    one."""
+    """The kind of row storage ``table`` gets: the kind its storage names (the resolved
+    table's ``storage``, else its ``TableConfig.storage``: an object with a ``kind``
+    attribute), else ``"keyed"`` for a dynamic table (``vocabulary_size=None``) and
+    ``"dense"`` for a fixed one."""
     storage = getattr(table, "storage", None) or getattr(table.config, "storage", None)
     kind = getattr(storage, "kind", None)
     if kind is not None:

@@ -75,7 +75,7 @@ class DenseRows(RowModule):
             self.put(name, slots[name])
 
     # ------------------------------------------------------------------ the step
-    def reserve(self, occurrences: int) -> None:
+    def reserve(self, batches: Sequence[FeatureBatch]) -> None:
         """Nothing: every row exists."""
 
     def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:

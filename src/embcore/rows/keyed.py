@@ -103,12 +103,11 @@ class KeyedRows(KeyShard, RowModule):
         """The batches with keys replaced by buffer rows (sink: no row). A training lookup
         counts, admits (initialising the new rows) and refreshes; one call per table per
         step, with every feature's keys."""
-        keys = [b.values.cpu().numpy() for b in batches]
-        flat = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        flat = _keys_of(batches)
         if not training:
             rows = self.space.lookup(flat)
         else:
-            self.reserve(flat.size)  # a no-op when the store reserved already
+            self.reserve(batches)  # a no-op when the store reserved already
             admitted = self.space.train(flat)
             rows = admitted.rows
             self._initialise(admitted.new_keys, admitted.new_rows)
@@ -120,16 +119,25 @@ class KeyedRows(KeyShard, RowModule):
                     self._trained.popleft()
         return out
 
-    def reserve(self, occurrences: int) -> None:
-        """Make room for a training lookup of ``occurrences`` keys, each possibly new: rows
-        and slots (freed rows first), index slots and row metadata. Changes no state.
+    def reserve(self, batches: Sequence[FeatureBatch]) -> None:
+        """Make room for a training lookup of ``batches``: rows and slots (freed rows first),
+        index slots and row metadata for each distinct key without a row (repeats of held
+        keys need none). Changes no state.
 
         Raises:
             IndexMemoryError: naming the table and the sizes.
         """
+        self._reserve_keys(_keys_of(batches))
+
+    def _reserve_keys(self, keys: np.ndarray) -> None:
+        """:meth:`reserve` for ``keys: (N,) int64``."""
         space = self.space
-        self._reserve(space.num_rows + max(0, occurrences - space.num_free))
-        space.reserve(occurrences)
+        spare = self.tensor("weight").shape[0] - 1 - space.num_rows + space.num_free
+        if keys.size <= spare and space.fits(keys.size):
+            return  # room even if every occurrence were a new key: nothing to count
+        new = space.count_new(keys)
+        self._reserve(space.num_rows + max(0, new - space.num_free))
+        space.reserve(new)
 
     def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
         """The batches as their training lookup mapped them. Rows whose key no longer holds
@@ -343,6 +351,12 @@ class _StepLimits:
 
     steps_to_live: int | None
     max_rows: int | None
+
+
+def _keys_of(batches: Sequence[FeatureBatch]) -> np.ndarray:
+    """``(N,) int64``: the keys of every batch, in order."""
+    keys = [b.values.cpu().numpy() for b in batches]
+    return np.concatenate(keys) if keys else np.zeros(0, np.int64)
 
 
 def _buffers(

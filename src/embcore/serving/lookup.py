@@ -75,6 +75,42 @@ class ServingLookup(nn.Module):
                 weight = torch.cat([weight, weight.new_zeros(1, t.dim)])
             self.register_buffer(f"table_{t.index}", weight.detach())
 
+    def load_dynamic(self, name: str, keys: Tensor, rows: Tensor) -> None:
+        """Serve dynamic table ``name`` from ``keys`` and their ``rows`` (a serving bundle's
+        tensors) instead of the snapshot taken from the engine.
+
+        Args:
+            keys: ``(R,) int64``, strictly ascending (``engine.table_keys``' order).
+            rows: ``(R, dim) float32``, row ``i`` the row of ``keys[i]``.
+
+        Raises:
+            ValueError: ``name`` is not a dynamic table, or the tensors do not fit it (naming
+                the table, the shapes and dtypes, or the first key out of order).
+        """
+        table = next((t for t in self._tables if t.name == name), None)
+        if table is None or table.index not in self._keyed:
+            raise ValueError(f"ServingLookup.load_dynamic: '{name}' is not a dynamic table")
+        if keys.dtype != torch.int64 or keys.dim() != 1:
+            raise ValueError(
+                f"table '{name}': keys must be (R,) int64, got {keys.dtype} {tuple(keys.shape)}"
+            )
+        if rows.dtype != torch.float32 or tuple(rows.shape) != (keys.shape[0], table.dim):
+            raise ValueError(
+                f"table '{name}': rows must be ({keys.shape[0]}, {table.dim}) float32 (one "
+                f"per key), got {rows.dtype} {tuple(rows.shape)}"
+            )
+        out_of_order = (keys[1:] <= keys[:-1]).nonzero()
+        if out_of_order.numel():
+            i = int(out_of_order[0]) + 1
+            raise ValueError(
+                f"table '{name}': keys must be strictly ascending, got key {int(keys[i])} at "
+                f"position {i} after {int(keys[i - 1])}"
+            )
+        self.register_buffer(f"keys_{table.index}", torch.cat([keys, keys.new_zeros(1)]))
+        self.register_buffer(
+            f"table_{table.index}", torch.cat([rows, rows.new_zeros(1, table.dim)])
+        )
+
     @property
     def feature_names(self) -> list[str]:
         """Feature names in ``tf.nest`` order, as the engine's."""

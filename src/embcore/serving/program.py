@@ -7,6 +7,7 @@ See docs/serving.md.
 from __future__ import annotations
 
 import copy
+import io
 import os
 import warnings
 from pathlib import Path
@@ -18,10 +19,11 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from embcore import nest
+from embcore._atomic import write_atomic
 from embcore.config import FeatureConfig
 from embcore.serving.lookup import ServingLookup
 
-__all__ = ["compile_package", "export", "lookup_dynamic_shapes", "serving_module"]
+__all__ = ["compile_package", "export", "lookup_dynamic_shapes", "save_program", "serving_module"]
 
 
 def serving_module(model: nn.Module) -> nn.Module:
@@ -79,10 +81,26 @@ def export(
 def compile_package(program: ExportedProgram, path: str | os.PathLike) -> Path:
     """Compile ``program`` ahead of time with AOTInductor into the package ``path`` (a
     ``.pt2`` zip holding a shared library; load it with ``torch._inductor.aoti_load_package``).
-    Needs a C++ compiler; takes minutes on a small CPU."""
+    Needs a C++ compiler; takes minutes on a small CPU.
+
+    The package is built in memory and then written atomically (:func:`embcore._atomic.
+    write_atomic`): PyTorch's zip writer aborts the process when a write to a file fails
+    (its destructor throws), so it never writes to the disk here; a full disk raises
+    :class:`embcore._atomic.DiskFullError` and leaves no file at ``path``."""
     from torch._inductor import aoti_compile_and_package
 
+    buffer = io.BytesIO()
     with warnings.catch_warnings():  # PyTorch's own (its graph copies, its imports): not ours
         warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
         warnings.filterwarnings("ignore", r"`torch.jit.script_method`", DeprecationWarning)
-        return Path(aoti_compile_and_package(program, package_path=os.fspath(path)))
+        aoti_compile_and_package(program, package_path=buffer)
+    return write_atomic(path, buffer.getvalue())
+
+
+def save_program(program: ExportedProgram, path: str | os.PathLike) -> Path:
+    """``torch.export.save(program, path)``, built in memory and written atomically (see
+    :func:`compile_package`: a full disk raises :class:`embcore._atomic.DiskFullError`
+    instead of aborting the process)."""
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return write_atomic(path, buffer.getvalue())

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embcore import ops
-from embcore._comm import Comm
+from embcore._comm import STEP_KINDS, Comm, Exchange, OutOfStepError
 from embcore._fingerprint import fingerprint64
 from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
@@ -111,6 +111,9 @@ class ShardedStore:
         self._by_scheme: dict[type[Scheme], list[Scheme]] = {}
         for s in self._sharded:
             self._by_scheme.setdefault(type(s), []).append(s)
+        # every exchange carries (kind, number, phase) of its step: ranks out of step fail
+        self._steps = [0] * len(STEP_KINDS)
+        self._tag = (0, 0, 0)
 
     def _check_everyone_agrees(self, plan: ShardingPlan, seed: int) -> None:
         described = repr(
@@ -168,6 +171,19 @@ class ShardedStore:
     def _run(self, ex: Any) -> Any:
         return ex.run() if self._exchanges else ex.run_local()
 
+    def _begin(self, kind: str) -> None:
+        """Start a step of ``kind`` (``"lookup"``, ``"update"``, ``"gather"``): its exchanges
+        carry the kind, the step's number and their phase (:class:`OutOfStepError`)."""
+        k = STEP_KINDS.index(kind)
+        self._steps[k] += 1
+        self._tag = (k, self._steps[k], -1)
+
+    def _exchange(self) -> Exchange:
+        """The step's next exchange, tagged."""
+        kind, number, phase = self._tag
+        self._tag = (kind, number, phase + 1)
+        return self._comm.exchange(self._tag)
+
     # ------------------------------------------------------------------------- the step
     def lookup(
         self,
@@ -177,20 +193,21 @@ class ShardedStore:
     ) -> list[list[Tensor]]:
         """Forward: input_dist -> lookup -> output_dist, one fused exchange per phase.
         ``training``: a training lookup (dynamic tables count, admit and insert keys)."""
-        ex = self._comm.exchange()
+        self._begin("lookup")
+        ex = self._exchange()
         ctxs = [
             s.input_dist(list(b), ex, training)
             for s, b in zip(self._sharded, features, strict=True)
         ]
         inbox = self._run(ex)
-        ex = self._comm.exchange()
+        ex = self._exchange()
         for s, ctx in zip(self._sharded, ctxs, strict=True):
             s.lookup(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)
         late = [s.late(c) for s, c in zip(self._sharded, ctxs, strict=True)]
         if any(late):  # e.g. key-hash owners with a user initializer reply one phase later
-            ex = self._comm.exchange()
+            ex = self._exchange()
             per_table: list[Any] = [None] * len(ctxs)
             for i, (s, c) in enumerate(zip(self._sharded, ctxs, strict=True)):  # table order
                 if late[i]:
@@ -220,7 +237,8 @@ class ShardedStore:
         step: int,
     ) -> None:
         """Backward: grad_dist -> per-row sums -> one ops.update over every local shard."""
-        ex, reducer = self._comm.exchange(), self._comm.reducer()
+        self._begin("update")
+        ex, reducer = self._exchange(), self._comm.reducer()
         ctxs = [
             s.grad_dist(list(b), list(g), ex, reducer)
             for s, b, g in zip(self._sharded, features, grads, strict=True)
@@ -245,22 +263,35 @@ class ShardedStore:
     def agree(self, error: Exception | None, non_finite: bool) -> list[int]:
         """A bad gradient on one rank stops every rank, before any collective of the update
         (no rank is left waiting in one)."""
-        flags = self._comm.all_gather_ints([int(error is not None), int(non_finite)])
+        lookups, updates = self._steps[1], self._steps[2]
+        flags = self._comm.all_gather_ints(
+            [int(error is not None), int(non_finite), lookups, updates]
+        )
+        if any(f[2:] != [lookups, updates] for f in flags):
+            where = "; ".join(
+                f"rank {r} after lookup #{f[2]} and update #{f[3]}" for r, f in enumerate(flags)
+            )
+            raise OutOfStepError(
+                f"embcore.sharding: the ranks are out of step: {where}. A rank left a step "
+                "half-way (it caught an error and went on); every rank must make the same "
+                "engine calls. End every rank and resume from the last checkpoint."
+            )
         if error is not None:
             raise error
-        invalid = [r for r, (bad, _) in enumerate(flags) if bad]
+        invalid = [r for r, (bad, *_) in enumerate(flags) if bad]
         if invalid:
             raise RuntimeError(
                 f"EmbeddingEngine: the gradients on rank(s) {invalid} were invalid (see the "
                 "error there); no rank updated its tables"
             )
-        return [r for r, (_, bad) in enumerate(flags) if bad]
+        return [r for r, (_, bad, *_) in enumerate(flags) if bad]
 
     # ---------------------------------------------------------------- whole tensors
     def gather(self, items: Sequence[tuple[int, str]]) -> list[Tensor]:
         """Full logical tensors, every rank's pieces in one exchange (a collective). Copies:
         writing to them changes nothing."""
-        ex = self._comm.exchange()
+        self._begin("gather")
+        ex = self._exchange()
         for t, name in items:
             self._sharded[t].gather_send(name, ex)
         inbox = self._run(ex)
@@ -304,7 +335,8 @@ class ShardedStore:
         """``(R,) int64``: the keys of dynamic table ``table`` holding a row on any rank,
         ascending (a collective)."""
         s = self._key_hash(table)
-        ex = self._comm.exchange()
+        self._begin("gather")
+        ex = self._exchange()
         s.keys_send(ex)
         inbox = self._run(ex)
         out = s.keys_take(inbox)
@@ -315,10 +347,11 @@ class ShardedStore:
         """``(K, dim) float32``: the rows of this rank's ``keys`` in dynamic table ``table``,
         zeros for keys without one (a collective; reads only, never inserts)."""
         s = self._key_hash(table)
-        ex = self._comm.exchange()
+        self._begin("gather")
+        ex = self._exchange()
         ctx = s.rows_send(keys, ex)
         inbox = self._run(ex)
-        ex = self._comm.exchange()
+        ex = self._exchange()
         s.rows_serve(inbox, ex, ctx)
         inbox.check_empty()
         inbox = self._run(ex)

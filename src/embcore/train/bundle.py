@@ -14,7 +14,9 @@
 
 Optimizer slots are left out: serving only looks rows up. The programs run with PyTorch alone
 (:mod:`embcore.train.program`); :func:`load_bundle` serves from any of the three forms with
-the same scores.
+the same scores: by default from the tensor files, with a model embcore builds itself (fixed
+or dynamic tables), and from a program file only when told to trust it (a program can run
+code it carries).
 
 ``config.json`` is the bundle's manifest: it records the sha256 of both tensor files and of
 itself, and :func:`load_bundle` checks them before using anything, so a flipped bit, a
@@ -41,7 +43,8 @@ from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.data.batch import DENSE_NAMES, SPARSE_NAMES, capped_vocab_sizes
 from embcore.errors import UserError
 from embcore.models import DLRM
-from embcore.train.config import Config
+from embcore.train.bundle_dynamic import KEYS, dynamic_model
+from embcore.train.config import Config, check_resources
 from embcore.train.model import build_model
 from embcore.train.program import FORMATS, PROGRAM_FILES, SIGNATURE, load_program, write_programs
 from embcore.train.run_state import load_checkpoint
@@ -59,7 +62,6 @@ _FORMAT = "embcore-serving-bundle"
 _VERSION = 1
 _ENGINE = "engine."
 _TENSOR_FILES = ("tables.safetensors", "dense.safetensors")
-_KEYS = ".keys"  # tables.safetensors: "<table>.keys" holds a dynamic table's keys
 
 
 def export_bundle(
@@ -74,19 +76,11 @@ def export_bundle(
     ``model.aoti.pt2``.
 
     Raises:
-        UserError (a ValueError): the model has dynamic tables and ``fmt`` is "safetensors"
-            (their bundle serves from its program only).
         FileExistsError: ``out_dir`` holds other files than a bundle (nothing is deleted).
         DiskFullError (an OSError): the disk filled up; the previous bundle is left as it was.
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_bundle: format must be one of {list(FORMATS)}, got {fmt!r}")
-    dynamic = [t.name for t in model.engine.tables if t.dynamic]
-    if dynamic and fmt == "safetensors":
-        raise UserError(
-            f"the model's tables {dynamic[:3]}{' ...' if len(dynamic) > 3 else ''} are dynamic: "
-            "their bundle serves from its program only; export with --format pt2 (or aoti)"
-        )
     final = Path(out_dir)
     _atomic.check_replaceable(final, "config.json")  # before any work
     _atomic.remove_stale(final)
@@ -104,7 +98,7 @@ def _write(model: DLRM, config: Config, out: Path, extra: dict[str, Any] | None,
     for s in snapshot:  # a dynamic table: its rows in ascending key order, and the keys
         if s.keys is not None:
             keyed.add(s.table.name)
-            tables[f"{s.table.name}{_KEYS}"] = s.keys.contiguous()
+            tables[f"{s.table.name}{KEYS}"] = s.keys.contiguous()
     dense = {
         k: v.detach().contiguous()
         for k, v in model.state_dict().items()
@@ -203,11 +197,21 @@ class ServingModel:
         return self.model(dense, sparse)
 
 
-def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingModel:
+def load_bundle(
+    path: str | os.PathLike, fmt: str = "safetensors", *, trusted_program: bool = False
+) -> ServingModel:
     """Load a bundle written by :func:`export_bundle`, serving from its safetensors files
-    (``fmt`` "safetensors") or its program (``"pt2"``, ``"aoti"``): the scores are the same.
+    (``fmt`` "safetensors": a model built by embcore from tensors and JSON, every kind of
+    table) or its program (``"pt2"``, ``"aoti"``): the scores are the same.
+
+    A program file is code: loading a ``.pt2`` can run what it carries (pickles, Python
+    expressions), an AOTInductor package is a shared library. It is loaded only with
+    ``trusted_program=True`` (``embcore predict --trusted-program``), for bundles from someone
+    you trust; the bundle's checksums detect damage, not tampering (docs/reliability.md).
 
     Raises:
+        UserError (a ValueError): ``fmt`` is a program and ``trusted_program`` is False;
+            nothing of the program was read.
         FileNotFoundError: a bundle file is missing.
         ValueError: the files are not an embcore bundle or do not match each other.
         IntegrityError (a ValueError): a file does not match the sha256 in ``config.json``
@@ -216,6 +220,8 @@ def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingMod
     if fmt not in FORMATS:
         raise ValueError(f"load_bundle: format must be one of {list(FORMATS)}, got {fmt!r}")
     root = Path(path)
+    if fmt != "safetensors" and not trusted_program:
+        raise UserError(untrusted_program(root / PROGRAM_FILES[fmt]))
     needed = _TENSOR_FILES if fmt == "safetensors" else (PROGRAM_FILES[fmt],)
     for name in ("config.json", *needed):
         if not (root / name).is_file():
@@ -235,18 +241,12 @@ def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingMod
         config = Config.from_dict(manifest["config"])
         return ServingModel(load_program(root / needed[0], fmt), config, manifest)
     config = Config.from_dict(manifest["config"])
-    dynamic = [
-        name for name, t in manifest.get("tables", {}).items() if t["vocabulary_size"] is None
-    ]
-    if dynamic:
-        named = ", ".join(dynamic[:3]) + (
-            f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else ""
-        )
-        raise ValueError(
-            f"{root}: dynamic tables ({named}) hold keys and rows: serve this bundle from its "
-            "program, --format pt2 (written by embcore export --format pt2)"
-        )
+    check_resources(config)  # a crafted config.json must not size the model past memory
     tables = load_file(root / "tables.safetensors")
+    if config.model.tables == "dynamic":  # keys and rows: embcore's serving lookup
+        model = dynamic_model(root, config, tables, manifest)
+        _load_dense(root, model, load_file(root / "dense.safetensors"))
+        return ServingModel(model, config, manifest)
     if sorted(tables) != sorted(SPARSE_NAMES):
         raise ValueError(
             f"{root}/tables.safetensors: expected tables {list(SPARSE_NAMES)}, got {sorted(tables)}"
@@ -255,7 +255,29 @@ def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingMod
     model = build_model(
         config.model, vocab, optimizer=None, seed=0, tables=tables, raw_ids=config.data.raw_ids
     )
-    dense = load_file(root / "dense.safetensors")
+    _load_dense(root, model, load_file(root / "dense.safetensors"))
+    model.eval()
+    return ServingModel(model, config, manifest)
+
+
+def untrusted_program(path: Path) -> str:
+    """The refusal to load the program file ``path`` without ``--trusted-program``."""
+    return (
+        f"{path}: not loaded: a program file can run code it carries when loaded (a .pt2's "
+        "pickles and expressions, an AOTInductor package's shared library), and the bundle's "
+        "checksums do not prove who wrote it; serve from the tensors (--format safetensors, "
+        "the default: the same scores), or pass --trusted-program if you trust the bundle"
+    )
+
+
+def _load_dense(root: Path, model: torch.nn.Module, dense: dict[str, torch.Tensor]) -> None:
+    want = model.state_dict()
+    for key, value in dense.items():  # before any copy: one message naming file and weight
+        if key in want and (value.shape != want[key].shape or value.dtype != want[key].dtype):
+            raise ValueError(
+                f"{root}/dense.safetensors: '{key}' is {value.dtype} {tuple(value.shape)}, the "
+                f"model of config.json has {want[key].dtype} {tuple(want[key].shape)}"
+            )
     missing, unexpected = model.load_state_dict(dense, strict=False)
     missing = [k for k in missing if not k.startswith(_ENGINE)]
     if missing or unexpected:
@@ -263,8 +285,6 @@ def load_bundle(path: str | os.PathLike, fmt: str = "safetensors") -> ServingMod
             f"{root}/dense.safetensors does not match the model of config.json: missing "
             f"{missing}, unexpected {unexpected}"
         )
-    model.eval()
-    return ServingModel(model, config, manifest)
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from torch.export import Dim, ExportedProgram
 from embcore.data.batch import NUM_DENSE, SPARSE_NAMES
 from embcore.errors import UserError
 from embcore.models import DLRM
-from embcore.serving import compile_package, export
+from embcore.serving import compile_package, export, save_program
 
 __all__ = ["FORMATS", "PROGRAM_FILES", "load_program", "write_programs"]
 
@@ -52,7 +52,7 @@ def write_programs(model: DLRM, out: Path, fmt: str) -> dict[str, float]:
     program = export(model, (dense, sparse), dynamic_shapes=({0: batch}, {0: batch}))
     seconds["export"] = time.perf_counter() - start
     start = time.perf_counter()
-    torch.export.save(program, out / PROGRAM_FILES["pt2"])
+    save_program(program, out / PROGRAM_FILES["pt2"])  # a full disk: DiskFullError, no abort
     seconds["save"] = time.perf_counter() - start
     if fmt == "aoti":
         start = time.perf_counter()
