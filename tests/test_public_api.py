@@ -17,6 +17,7 @@ def test_public_names():
             "AdagradMomentum",
             "Adam",
             "CountAdmission",
+            "DiskStorage",
             "EmbeddingEngine",
             "Eviction",
             "FeatureBatch",

@@ -375,16 +375,16 @@ def section(results: dict, command: str) -> str:
     )
 
 
-def with_section(document: str, text: str | None) -> str:
-    """``document`` (BENCHMARKS.md) with its main-job section replaced by ``text`` (added
-    before the next section after "## Results", or at the end, if it has none); ``text`` None
-    keeps the document as it is."""
+def with_section(document: str, text: str | None, section: str = SECTION) -> str:
+    """``document`` (BENCHMARKS.md) with its ``section`` (default: the main job's) replaced by
+    ``text`` (added before the next section after "## Results", or at the end, if it has
+    none); ``text`` None keeps the document as it is."""
     if text is None:
         return document
     text = text.rstrip("\n") + "\n\n"
-    start = document.find(SECTION + "\n")
+    start = document.find(section + "\n")
     if start >= 0:
-        end = document.find("\n## ", start + len(SECTION))
+        end = document.find("\n## ", start + len(section))
         end = len(document) if end < 0 else end + 1
         return document[:start] + text + document[end:].lstrip("\n")
     results = document.find("## Results\n")
@@ -394,10 +394,10 @@ def with_section(document: str, text: str | None) -> str:
     return document[: after + 1] + text + document[after + 1 :]
 
 
-def current_section(document: str) -> str | None:
-    """The main-job section of ``document`` (BENCHMARKS.md), or None."""
-    start = document.find(SECTION + "\n")
+def current_section(document: str, section: str = SECTION) -> str | None:
+    """The ``section`` (default: the main job's) of ``document`` (BENCHMARKS.md), or None."""
+    start = document.find(section + "\n")
     if start < 0:
         return None
-    end = document.find("\n## ", start + len(SECTION))
+    end = document.find("\n## ", start + len(section))
     return document[start : len(document) if end < 0 else end + 1]

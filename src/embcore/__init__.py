@@ -21,6 +21,7 @@ from embcore.optimizers import (
     SlotSpec,
 )
 from embcore.prefetch import Prefetcher
+from embcore.storage import DiskStorage
 
 
 def __getattr__(name: str) -> object:
@@ -40,6 +41,7 @@ __all__ = [
     "AdagradMomentum",
     "Adam",
     "CountAdmission",
+    "DiskStorage",
     "EmbeddingEngine",
     "Eviction",
     "FeatureBatch",

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from embcore import nest
 from embcore._validate import check_bool, check_int, describe
 from embcore.optimizers.base import Optimizer
+from embcore.storage import DiskStorage, cached_row_bytes
 
 __all__ = [
     "COMBINERS",
@@ -26,6 +27,7 @@ __all__ = [
     "ResolvedTable",
     "TableConfig",
     "resolve",
+    "split_cache",
 ]
 
 Combiner = Literal["mean", "sum", "sqrtn"]
@@ -101,6 +103,9 @@ class TableConfig:
             Not for dynamic tables (negative ids are keys there).
         admission: a dynamic table's ``CountAdmission``; ``None`` admits on first sight.
         eviction: a dynamic table's ``Eviction``; ``None`` never evicts.
+        storage: where the rows live: ``None`` in memory (or the engine's ``storage``);
+            :class:`~embcore.DiskStorage` on local disk behind a RAM cache of rows, with
+            the numbers of the in-memory table (docs/disk_tables.md). Fixed tables only.
     """
 
     vocabulary_size: int | None
@@ -112,6 +117,7 @@ class TableConfig:
     safe_lookup: bool = False
     admission: Any = None
     eviction: Any = None
+    storage: DiskStorage | None = None
 
     def __post_init__(self) -> None:
         owner = f"TableConfig(name={self.name!r})"
@@ -140,6 +146,21 @@ class TableConfig:
                 f"{owner}: combiner must be one of {list(COMBINERS)}, got {self.combiner!r}"
             )
         check_bool(owner, "safe_lookup", self.safe_lookup)
+        _check_storage(owner, self.storage, self.vocabulary_size)
+
+
+def _check_storage(owner: str, storage: Any, vocabulary_size: int | None) -> None:
+    """``storage``: ``None`` or a :class:`DiskStorage`, which holds fixed tables only."""
+    if storage is not None and not isinstance(storage, DiskStorage):
+        raise ValueError(
+            f"{owner}: storage must be an embcore.DiskStorage or None (in memory), got "
+            f"{describe(storage)}"
+        )
+    if storage is not None and vocabulary_size is None:
+        raise ValueError(
+            f"{owner}: DiskStorage holds fixed tables (vocabulary_size set); a dynamic table "
+            "(vocabulary_size=None) stays in memory"
+        )
 
 
 def _check_dynamic(owner: str, table: TableConfig) -> None:
@@ -229,6 +250,8 @@ class ResolvedTable:
     config: TableConfig
     optimizer: Optimizer | None
     features: tuple[int, ...] = field(default=())
+    #: where the rows live (``None``: in memory); a disk table's ``cache_bytes`` is its own
+    storage: DiskStorage | None = None
 
     @property
     def vocabulary_size(self) -> int | None:
@@ -264,9 +287,12 @@ def _is_feature(x: Any) -> bool:
 
 
 def resolve(
-    feature_config: Any, optimizer: Optimizer | None
+    feature_config: Any, optimizer: Optimizer | None, storage: DiskStorage | None = None
 ) -> tuple[list[ResolvedFeature], list[ResolvedTable]]:
     """Flatten and check a feature structure; order, name and equip its tables.
+
+    ``storage``: the engine's default for fixed tables without their own; its
+    ``cache_bytes`` is split between them (:func:`split_cache`).
 
     Returns:
         The features in ``tf.nest`` order and the tables in order of first use.
@@ -317,7 +343,35 @@ def resolve(
             config=cfg,
             optimizer=cfg.optimizer if cfg.optimizer is not None else optimizer,
             features=tuple(f.index for f in features if f.table == i),
+            storage=cfg.storage,
         )
         for i, cfg in enumerate(configs)
     ]
+    if storage is not None:
+        _check_storage("EmbeddingEngine", storage, 0)
+        tables = split_cache(tables, storage)
     return features, tables
+
+
+def split_cache(tables: list[ResolvedTable], storage: DiskStorage) -> list[ResolvedTable]:
+    """Give ``storage`` to the fixed tables without a storage of their own, splitting its
+    ``cache_bytes`` evenly (every table sees one lookup per sample, whatever its size): a
+    table smaller than its share takes its size (RAM a cached row costs, times its rows),
+    and the others share the rest evenly."""
+    left = [t for t in tables if t.storage is None and t.vocabulary_size is not None]
+    size = {t.index: t.vocabulary_size * cached_row_bytes(t.dim, _slot_floats(t)) for t in left}
+    budget, share = storage.cache_bytes, {}
+    for i, t in enumerate(sorted(left, key=lambda t: size[t.index])):
+        share[t.index] = min(size[t.index], budget // (len(left) - i))
+        budget -= share[t.index]
+    return [
+        replace(t, storage=replace(storage, cache_bytes=max(1, share[t.index])))
+        if t.index in share
+        else t
+        for t in tables
+    ]
+
+
+def _slot_floats(table: ResolvedTable) -> int:
+    opt = table.optimizer
+    return sum(1 if s.rowwise else table.dim for s in opt.slot_specs()) if opt else 0

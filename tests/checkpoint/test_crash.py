@@ -34,9 +34,18 @@ STEPS = 12
 EVERY = 3  # a checkpoint after steps 3, 6, 9 and 12
 
 
-def make_engine() -> ec.EmbeddingEngine:
-    """Two tables with stateful optimizers (Adam's update depends on the step count)."""
-    a = ec.TableConfig(vocabulary_size=40, dim=4, name="a", optimizer=ec.Adagrad(learning_rate=0.1))
+def make_engine(rows: str | None = None) -> ec.EmbeddingEngine:
+    """Two tables with stateful optimizers (Adam's update depends on the step count);
+    ``rows``: keep table ``a`` in DiskStorage there, with a cache of 3 rows (its working
+    file outlives a kill, and is not a checkpoint: a new engine starts it afresh)."""
+    storage = None if rows is None else ec.DiskStorage(rows, cache_bytes=3 * (4 * 8 + 40))
+    a = ec.TableConfig(
+        vocabulary_size=40,
+        dim=4,
+        name="a",
+        optimizer=ec.Adagrad(learning_rate=0.1),
+        storage=storage,
+    )
     b = ec.TableConfig(
         vocabulary_size=25,
         dim=3,
@@ -124,10 +133,11 @@ def latest_checkpoint(directory: str) -> str | None:
     return os.path.join(directory, done[-1]) if done else None
 
 
-def run(directory: str, points: Points) -> ec.EmbeddingEngine:
-    """Train to ``STEPS`` from the last checkpoint in ``directory`` (or from the start)."""
+def run(directory: str, points: Points, disk: bool = False) -> ec.EmbeddingEngine:
+    """Train to ``STEPS`` from the last checkpoint in ``directory`` (or from the start);
+    ``disk``: table ``a`` in DiskStorage under ``directory/rows``."""
     os.makedirs(directory, exist_ok=True)
-    engine = make_engine()
+    engine = make_engine(os.path.join(directory, "rows") if disk else None)
     latest = latest_checkpoint(directory)
     if latest is not None:
         ec.checkpoint.load(engine, latest)
@@ -150,18 +160,18 @@ def state(engine: ec.EmbeddingEngine) -> dict[str, torch.Tensor]:
     return out
 
 
-def child(directory: str, kill_at: str | None, out: str) -> None:
+def child(directory: str, kill_at: str | None, out: str, disk: bool) -> None:
     warnings.simplefilter("error")  # as pytest's filterwarnings = error
     torch.set_num_threads(1)
     points = Points(kill_at)
     instrument(points, setattr)
-    torch.save(state(run(directory, points)), out)
+    torch.save(state(run(directory, points, disk)), out)
 
 
-def start(directory: str, kill_at: str | None, out: str) -> mp.Process:
+def start(directory: str, kill_at: str | None, out: str, disk: bool = False) -> mp.Process:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "embcore", "embcore.checkpoint"])
-    process = ctx.Process(target=child, args=(directory, kill_at, out))
+    process = ctx.Process(target=child, args=(directory, kill_at, out, disk))
     process.start()
     return process
 
@@ -174,8 +184,10 @@ def check_published(directory: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path, monkeypatch, seed):
+@pytest.mark.parametrize(("seed", "disk"), [(0, False), (1, False), (2, True)])
+def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path, monkeypatch, seed, disk):
+    """``disk``: with table ``a`` in DiskStorage, killed runs resume as well, and end equal to
+    an uninterrupted run in memory."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -198,7 +210,7 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path, monkeypatch, se
 
     directory, out = str(tmp_path / "killed"), str(tmp_path / "final.pt")
     for kill_at in kills:
-        process = start(directory, kill_at, out)
+        process = start(directory, kill_at, out, disk)
         process.join(60)
         assert process.exitcode == -signal.SIGKILL, (kill_at, process.exitcode)
         published = check_published(directory)
@@ -208,7 +220,7 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path, monkeypatch, se
             left = [p for p in os.listdir(directory) if p.startswith(f"step-{saving:04d}.tmp-")]
             assert len(left) == 1 and os.path.isdir(os.path.join(directory, left[0])), kill_at
 
-    process = start(directory, None, out)  # killed from outside, at a random moment
+    process = start(directory, None, out, disk)  # killed from outside, at a random moment
     time.sleep(rng.uniform(0.0, 0.5))
     with contextlib.suppress(ProcessLookupError):  # it may have finished (forkserver reaped it)
         os.kill(process.pid, signal.SIGKILL)
@@ -218,7 +230,7 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path, monkeypatch, se
 
     if os.path.exists(out):
         os.remove(out)
-    process = start(directory, None, out)
+    process = start(directory, None, out, disk)
     process.join(60)
     assert process.exitcode == 0
     got = torch.load(out, weights_only=True)
@@ -227,3 +239,5 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path, monkeypatch, se
         assert torch.equal(got[key], value), key
     assert check_published(directory) == ["step-0003", "step-0006", "step-0009", "step-0012"]
     assert not any(".tmp" in p for p in os.listdir(directory))  # later saves cleared them
+    if disk:  # the working file was used, and a kill left its lock free for the next run
+        assert os.path.getsize(os.path.join(directory, "rows", "a.rows")) == 40 * 512

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from embcore._comm import Comm, CommError
+from embcore._lazy_box import LazyBox
 from embcore.checkpoint._errors import CheckpointError
 
 __all__ = [
@@ -42,7 +43,9 @@ Chunks = list[tuple[tuple[int, ...], Tensor]]
 
 
 class Chunked:
-    """A logical tensor of which this rank holds some boxes ``(offsets, tensor)``, for DCP."""
+    """A logical tensor of which this rank holds some boxes ``(offsets, tensor)``, for DCP.
+    A box may be a :class:`LazyBox` (a table on disk): read when DCP writes it, written to
+    the table when DCP has filled it."""
 
     def __init__(self, shape: tuple[int, ...], chunks: Chunks) -> None:
         self.shape = torch.Size(shape)
@@ -58,7 +61,9 @@ class Chunked:
                 type=WriteItemType.SHARD,
                 tensor_data=TensorWriteData(
                     chunk=ChunkStorageMetadata(torch.Size(offsets), t.size()),
-                    properties=TensorProperties.create_from_tensor(t),
+                    properties=TensorProperties.create_from_tensor(
+                        t.meta() if isinstance(t, LazyBox) else t
+                    ),
                     size=self.shape,
                 ),
             )
@@ -69,7 +74,14 @@ class Chunked:
         return [ChunkStorageMetadata(torch.Size(o), t.size()) for o, t in self.chunks.items()]
 
     def at(self, offset: Any) -> Tensor:
-        return self.chunks[tuple(offset)]
+        box = self.chunks[tuple(offset)]
+        return box.tensor() if isinstance(box, LazyBox) else box
+
+    def filled(self, offset: Any, elements: int) -> None:
+        """DCP copied ``elements`` values into the box at ``offset``."""
+        box = self.chunks[tuple(offset)]
+        if isinstance(box, LazyBox):
+            box.filled(elements)
 
 
 class SavePlanner(dcp.DefaultSavePlanner):
@@ -99,6 +111,11 @@ class LoadPlanner(dcp.DefaultLoadPlanner):
     def lookup_tensor(self, index: MetadataIndex) -> Tensor:
         obj = self.state_dict[index.fqn]
         return obj.at(index.offset) if isinstance(obj, Chunked) else super().lookup_tensor(index)
+
+    def commit_tensor(self, read_item: Any, tensor: Tensor) -> None:
+        obj = self.state_dict[read_item.dest_index.fqn]
+        if isinstance(obj, Chunked):
+            obj.filled(read_item.dest_index.offset, tensor.numel())
 
     def load_bytes(self, read_item: Any, value: Any) -> None:
         # DCP unpickles byte items with weights_only=False; an embcore checkpoint has none.

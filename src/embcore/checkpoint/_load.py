@@ -215,7 +215,7 @@ def _value(shape: tuple[int, ...], chunks: list[Any]) -> Any:
     place)."""
     if len(chunks) == 1:
         offsets, tensor = chunks[0]
-        if not any(offsets) and tuple(tensor.shape) == shape:
+        if isinstance(tensor, torch.Tensor) and not any(offsets) and tuple(tensor.shape) == shape:
             return tensor
     return Chunked(shape, chunks)
 

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 
 from embcore import _atomic
@@ -56,7 +57,7 @@ def _value(t: StoredTensor) -> Any:
     chunks = t.save_chunks()
     if len(chunks) == 1:
         offsets, tensor = chunks[0]
-        if not any(offsets) and tuple(tensor.shape) == t.shape:
+        if isinstance(tensor, torch.Tensor) and not any(offsets) and tuple(tensor.shape) == t.shape:
             return tensor.detach()
     return Chunked(t.shape, chunks)
 

@@ -19,6 +19,8 @@ then the dynamic tables' key index alone; writes ``results.json`` and ``results.
     embcore bench --mainjob --repeats 3 # the main job's DLRM against it in plain PyTorch,
                                         # eager and compiled (--write-benchmarks: its
                                         # BENCHMARKS.md section)
+    embcore bench --disk /mnt/scratch   # W4: tables larger than memory, files there, in a
+                                        # memory cgroup; its BENCHMARKS.md section
 
 The harness lives in the repository's ``benchmarks/sidebyside`` (benchmarks are not part of
 the installed package), so the command needs a source checkout.
@@ -120,6 +122,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--mainjob: a config override, as for embcore train",
     )
     p.add_argument(
+        "--disk",
+        type=Path,
+        metavar="DIR",
+        help="run only W4, tables larger than memory, with their files in DIR (local disk, "
+        "--disk-cap rows capped: about 512 bytes a row); writes w4.json to --out and "
+        "BENCHMARKS.md's W4 section",
+    )
+    p.add_argument(
+        "--disk-cap", type=int, default=2_700_000, help="--disk: rows per table, at most"
+    )
+    p.add_argument("--disk-cache-mib", type=int, default=512, help="--disk: the tables' cache")
+    p.add_argument("--disk-limit-mib", type=int, default=1024, help="--disk: the memory cgroup")
+    p.add_argument("--disk-depth", type=int, default=16, help="--disk: requests in flight")
+    p.add_argument(
+        "--disk-warm", type=int, default=64, help="--disk: training steps that warm the cache"
+    )
+    p.add_argument(
         "--device",
         default="cpu",
         help="cpu (default), or cuda for the GPU mode (benchmarks/sidebyside/gpu.py; writes "
@@ -157,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_gpu(args)
     if args.mainjob:
         return _run_mainjob(args)
+    if args.disk is not None:
+        return _run_disk(args)
     quick = ["W1-quick", "W2-quick", "W3-quick"]
     workloads = args.workloads or (quick if args.quick else ["W1", "W2", "W3", "W3-evict"])
     options = sidebyside.Options(
@@ -185,13 +206,15 @@ def run(args: argparse.Namespace) -> int:
     if markdown is None and args.write_benchmarks and not args.quick:
         markdown = root.parent / "BENCHMARKS.md"
     if markdown is not None and not args.no_markdown:
-        from sidebyside import mainjob
-
         # the main-job section comes from its own command (--mainjob): kept as it is
-        kept = mainjob.current_section(markdown.read_text()) if markdown.is_file() else None
-        markdown.write_text(
-            mainjob.with_section(sidebyside.benchmarks_md(results, _command()), kept)
-        )
+        from sidebyside import disk, mainjob
+
+        document = markdown.read_text() if markdown.is_file() else ""
+        text = mainjob.with_section(
+            sidebyside.benchmarks_md(results, _command()), mainjob.current_section(document)
+        )  # the main-job and W4 sections come from their own commands: kept as they are
+        w4 = mainjob.current_section(document, disk.SECTION)
+        markdown.write_text(mainjob.with_section(text, w4, disk.SECTION))
         print(f"wrote {markdown}")
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0
@@ -287,3 +310,36 @@ def _run_mainjob(args: argparse.Namespace) -> int:
         print(f"wrote the main-job section of {markdown}")
     print(f"wrote {args.out / 'mainjob.json'} and {args.out / 'mainjob.md'}")
     return 0
+
+
+def _run_disk(args: argparse.Namespace) -> int:
+    """W4, tables larger than memory: w4.json in ``--out`` and BENCHMARKS.md's W4 section."""
+    import json
+    import os
+
+    from sidebyside import disk, mainjob
+
+    mib = 1 << 20
+    options = {
+        "dir": str(args.disk),
+        "cap": args.disk_cap,
+        "cache_bytes": args.disk_cache_mib * mib,
+        "limit": args.disk_limit_mib * mib,
+        "depth": args.disk_depth,
+        "warm": args.disk_warm,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "threads": args.threads or 2,
+    }
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results = disk.run(options, log=lambda line: print(line, flush=True))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "w4.json").write_text(json.dumps(results, indent=1))
+    text = disk.section(results, _command(), load)
+    print(text)
+    markdown = args.markdown or find_benchmarks().parent / "BENCHMARKS.md"  # type: ignore[union-attr]
+    if not args.no_markdown and results.get("exit_code") == 0:
+        document = markdown.read_text() if markdown.is_file() else "# BENCHMARKS\n"
+        markdown.write_text(mainjob.with_section(document, text, disk.SECTION))
+        print(f"wrote the W4 section of {markdown}")
+    return 0 if results.get("exit_code") == 0 else 1

@@ -85,7 +85,15 @@ class DynamicTablesAPI:
         """Counters of dynamic table ``table``: ``rows`` (keys holding a row), ``pending``
         (keys counted but not admitted yet), ``dropped_gradients`` (occurrences whose
         gradient was dropped because their key had no row at the update) and ``step``
-        (step boundaries the key space has passed)."""
+        (step boundaries the key space has passed). For a table in ``DiskStorage``: its
+        cache's ``hits``, ``misses``, ``rows_cached``, ``cache_capacity``, ``evicted_rows``,
+        ``overflow_rows``, and ``rows_read`` / ``rows_written`` / ``bytes_read`` /
+        ``bytes_written`` of its file, ``prefetched_rows``, ``prefetch_used``, ``ram_bytes``
+        and ``disk_bytes`` (docs/disk_tables.md), all since the engine was made."""
+        disk = [t for t in self._tables if t.name == table and t.storage is not None]
+        if disk:
+            self._pipeline.wait()
+            return self.store.table_info(disk[0].index)
         t = self._dynamic_table(table, "table_info")
         self._pipeline.wait()
         return self.store.table_info(t.index)

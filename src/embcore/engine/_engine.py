@@ -88,6 +88,9 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
             tables over the ranks, by this plan or by the planner's, and computes what one
             process computes on all ranks' batches (docs/sharding.md).
         process_group: shard over this group instead of the default one.
+        storage: where the fixed tables without a ``storage`` of their own keep their rows:
+            ``None`` in memory, or an :class:`~embcore.DiskStorage`, whose ``cache_bytes``
+            is then shared by those tables (docs/disk_tables.md).
 
     Example::
 
@@ -115,9 +118,10 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         stochastic_rounding: bool = False,
         plan: Any = None,
         process_group: Any = None,
+        storage: Any = None,
     ) -> None:
         super().__init__()
-        self._features, self._tables = resolve(feature_config, optimizer)
+        self._features, self._tables = resolve(feature_config, optimizer, storage)
         self._structure = feature_config
         self.seed = check_int("EmbeddingEngine", "seed", seed, minimum=0)
         device = torch.device("cpu" if device is None else device)
@@ -273,8 +277,13 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         return nest.map_up_to(self._structure, structure, what, is_leaf=is_feature)
 
     def prepare(self, features: Any, weights: Any = None) -> PreparedBatch:
-        """Validate and convert a batch ahead of time (see :class:`PreparedBatch`)."""
-        return PreparedBatch(tuple(self._prepare(features, weights)), id(self))
+        """Validate and convert a batch ahead of time (see :class:`PreparedBatch`); tables in
+        ``DiskStorage`` start reading its rows that are not cached."""
+        batches = tuple(self._prepare(features, weights))
+        prefetch = getattr(self.store, "prefetch", None)
+        if prefetch is not None:
+            prefetch(self._by_table(list(batches)))
+        return PreparedBatch(batches, id(self))
 
     def _batches(self, features: Any, weights: Any) -> list[FeatureBatch]:
         if not isinstance(features, PreparedBatch):

@@ -110,6 +110,14 @@ class LocalStore(nn.Module):
         for r in rows:
             r.end_step()
 
+    def prefetch(self, features: Sequence[Sequence[FeatureBatch]]) -> None:
+        """A batch prepared ahead (``EmbeddingEngine.prepare``): row storages that read rows
+        from a slower tier (disk) start reading them now."""
+        for r, b in zip(self.rows, features, strict=True):
+            prefetch = getattr(r, "prefetch", None)
+            if prefetch is not None:
+                prefetch(b)
+
     def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:
         if error is not None:
             raise error

@@ -15,6 +15,7 @@ __all__ = ["ROWS", "kind_of", "make_rows", "register", "row_class"]
 ROWS: dict[str, str | type] = {
     "dense": "embcore.rows.dense:DenseRows",
     "keyed": "embcore.rows.keyed:KeyedRows",
+    "disk": "embcore.rows.disk:DiskRows",
 }
 
 

@@ -45,7 +45,7 @@ from embcore.train.model import (
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
 from embcore.train.resume import check_resumable
-from embcore.train.run_dir import RunDirectory
+from embcore.train.run_dir import ROWS, RunDirectory
 from embcore.train.run_state import (
     checkpoint_path,
     latest_checkpoint,
@@ -222,6 +222,13 @@ def train(
         torch.set_num_threads(threads)
 
 
+def _storage(cfg: Config, run_dir: RunDirectory) -> ec.DiskStorage | None:
+    """The tables' storage: ``model.storage="disk"`` puts them under ``out_dir/rows``."""
+    if cfg.model.storage != "disk":
+        return None
+    return ec.DiskStorage(run_dir.root / ROWS, cfg.model.cache_bytes)
+
+
 def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) -> TrainResult:
     run_dir.check()
     check_resources(cfg)
@@ -233,7 +240,7 @@ def _train(cfg: Config, run_dir: RunDirectory, stop_at: int | None, echo: Echo) 
         source.vocab_sizes,
         optimizer=embedding_optimizer(cfg.optim),
         seed=cfg.train.seed,
-        engine_options={"pipeline": cfg.train.pipeline},
+        engine_options={"pipeline": cfg.train.pipeline, "storage": _storage(cfg, run_dir)},
         raw_ids=cfg.data.raw_ids,
         layout=source.layout,
         pad=missing_id(cfg),

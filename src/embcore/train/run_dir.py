@@ -28,6 +28,8 @@ __all__ = ["RunDirectory"]
 
 #: What a finished run writes beside its checkpoints; replaced together with them.
 OUTPUTS = ("summary.json", "history.json", "curves.png")
+#: the disk tables' working files (``model.storage="disk"``), under ``out_dir``
+ROWS = "rows"
 
 
 class RunDirectory:
@@ -51,7 +53,13 @@ class RunDirectory:
     def _holds_files(self) -> bool:
         if self.root.exists() and not self.root.is_dir():
             raise UserError(f"[train] out_dir: {self.root} is a file, expected a directory")
-        return self.root.is_dir() and any(p.is_file() for p in self.root.rglob("*"))
+        return self.root.is_dir() and any(p.is_file() for p in self._files())
+
+    def _files(self) -> list[Path]:
+        """The run's files, without the disk tables' working files (``rows/``: not outputs,
+        a new engine starts them afresh)."""
+        rows = self.root / ROWS
+        return sorted(p for p in self.root.rglob("*") if rows not in p.parents)
 
     def check(self) -> None:
         """Refuse, before anything is read or written, an earlier run nobody said to touch.
@@ -71,7 +79,7 @@ class RunDirectory:
                 f"newest {kept.name})"
             )
         else:
-            first = next(p for p in sorted(self.root.rglob("*")) if p.is_file())
+            first = next(p for p in self._files() if p.is_file())
             what = f"files ({first.relative_to(self.root)}, ...)"
         raise UserError(
             f"[train] out_dir {self.root} already holds {what}; continue that run with "

@@ -1,0 +1,178 @@
+"""Rows on local disk behind a bounded RAM cache of rows: the ``"disk"`` row storage.
+
+A table with ``storage=ec.DiskStorage(directory, cache_bytes)`` gets this kind. Each call
+maps the table's ids to slots of its cache (:class:`~embcore.disk.table.DiskTable` reads the
+rows not cached and writes back the changed rows it evicts), and the ordinary fused kernels
+run on the cache's tensors, so the numbers are those of the in-memory table, bit for bit,
+whatever the cache size. A checkpoint reads and writes the table as boxes of rows, one at a
+time (:class:`DiskTensor`). See docs/disk_tables.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from embcore import ops
+from embcore._lazy_box import LazyBox
+from embcore.config import ResolvedTable
+from embcore.disk.table import DiskTable, row_shapes
+from embcore.inputs import FeatureBatch
+from embcore.rows._contract import Chunks, Records, RowEnv, stored_names
+
+__all__ = ["DiskRows", "DiskTensor"]
+
+
+class DiskRows(nn.Module):
+    """A fixed table's rows in its ``DiskStorage`` directory, a bounded cache of them in RAM.
+
+    The cache's tensors are not buffers: device moves and dtype casts leave them (disk
+    tables live on the CPU, in float32), and nothing goes through ``state_dict``.
+    """
+
+    kind: ClassVar[str] = "disk"
+    records: ClassVar[Records] = "tensors"
+
+    def __init__(self, table: ResolvedTable, env: RowEnv, **part: Any) -> None:
+        super().__init__()
+        if part:
+            raise ValueError(
+                f"table '{table.name}': a table in DiskStorage is held by one process; "
+                "sharding it is not supported (keep it out of the sharding plan's tables, "
+                "or in memory)"
+            )
+        if env.device.type != "cpu" or env.storage_dtype != torch.float32:
+            raise ValueError(
+                f"table '{table.name}': DiskStorage needs a CPU engine with float32 rows, got "
+                f"device={env.device}, storage_dtype={env.storage_dtype}"
+            )
+        self.table = table
+        storage = table.storage
+        self.disk = DiskTable(table, storage, env.seed, storage.cache_bytes)
+        self._state: ops.TableState | None = None
+
+    @property
+    def flush_before_training_lookup(self) -> bool:
+        return False  # an update finds its rows again, wherever the lookups between put them
+
+    # ------------------------------------------------------------------ the step
+    def reserve(self, occurrences: int) -> None:
+        """Nothing to reserve: a call with more rows than the cache holds grows it for the
+        step (``overflow_rows``)."""
+
+    def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:
+        return self._map(batches, changed=False)
+
+    def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
+        """The batches' cache slots, read again if a lookup since evicted them (pipelined
+        training); those rows are marked changed."""
+        return self._map(batches, changed=True)
+
+    def _map(self, batches: Sequence[FeatureBatch], changed: bool) -> list[FeatureBatch]:
+        if not batches or sum(b.values.numel() for b in batches) == 0:
+            return list(batches)
+        flat = np.concatenate([b.values.cpu().numpy() for b in batches])
+        unique, inverse = np.unique(flat, return_inverse=True)
+        mapped = self.disk.slots(unique, changed)[inverse.reshape(-1)]
+        out, start = [], 0
+        for b in batches:
+            n = b.values.numel()
+            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
+            out.append(dataclasses.replace(b, values=values))
+            start += n
+        return out
+
+    def state(self) -> ops.TableState:
+        t = self.disk.cache.tensors
+        if self._state is None or self._state.weight is not t["weight"]:
+            slots = {n: v for n, v in t.items() if n != "weight"}
+            self._state = ops.TableState(self.table.name, t["weight"], slots, self.table.optimizer)
+        return self._state
+
+    def end_step(self) -> None:
+        self.disk.end_step()
+
+    def prefetch(self, batches: Sequence[FeatureBatch]) -> None:
+        """Start reading the rows of a batch prepared ahead (``EmbeddingEngine.prepare``)."""
+        if batches:
+            self.disk.prefetch(np.concatenate([b.values.cpu().numpy() for b in batches]))
+
+    # ------------------------------------------------------------------ reading
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.disk.shape(name)
+
+    def read(self, name: str) -> Tensor:
+        """A copy of the whole ``weight`` or slot (the table in memory, once)."""
+        return torch.cat([self.disk.read_range(a, b)[name] for a, b in self.disk.ranges()])
+
+    def write(self, name: str, value: Tensor) -> None:
+        self.disk.load_part(name, value)
+
+    def keys(self) -> Tensor | None:
+        return None
+
+    def rows(self, ids: Tensor) -> Tensor:
+        return self.disk.peek(ids.cpu().numpy())["weight"]
+
+    def info(self) -> dict[str, int]:
+        return self.disk.info()
+
+    def rows_held(self) -> int | None:
+        return None
+
+    def memory(self) -> dict[str, int]:
+        return {"ram": self.disk.cache.nbytes, "disk": self.disk.file.disk_bytes}
+
+    # ------------------------------------------------------------------ persisting
+    def tensors(self) -> list[DiskTensor]:
+        return [DiskTensor(self.disk, name) for name in stored_names(self.table)]
+
+    def content(self) -> dict[str, Any]:
+        raise ValueError(f"table '{self.table.name}' is persisted as tensors, not by key")
+
+    def load_content(self, state: dict[str, Any]) -> None:
+        raise ValueError(f"table '{self.table.name}' is persisted as tensors, not by key")
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """Nothing: the engine writes the tables under its own keys."""
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the engine loads the tables from its own keys."""
+
+
+class DiskTensor:
+    """``weight`` or one slot of a disk table as a checkpoint sees it: boxes of rows, each
+    read from the table when the checkpoint writes it and written to the table as soon as a
+    load has filled it (:class:`~embcore._lazy_box.LazyBox`), one at a time."""
+
+    def __init__(self, disk: DiskTable, name: str) -> None:
+        self.key = f"{disk.table.name}.{name}"
+        self.shape, self.dtype = disk.shape(name), torch.float32
+        self._disk, self._name = disk, name
+
+    def _boxes(self, load: bool) -> Chunks:
+        disk, name, tail = self._disk, self._name, (0,) * (len(self.shape) - 1)
+        boxes = []
+        for a, b in disk.ranges():
+            shape = (b - a, *row_shapes(disk.table)[name])
+            if load:
+                box = LazyBox(shape, self.dtype, write=lambda v, a=a: disk.load_part(name, v, a))
+            else:
+                box = LazyBox(shape, self.dtype, read=lambda a=a, b=b: disk.read_range(a, b)[name])
+            boxes.append(((a, *tail), box))
+        return boxes  # type: ignore[return-value]
+
+    def chunks(self) -> Chunks:
+        return self._boxes(load=False)
+
+    def load_chunks(self) -> Chunks:
+        self._disk.wait_prefetch()  # rows read ahead of the load are stale after it
+        return self._boxes(load=True)
+
+    def finish_load(self, chunks: Chunks) -> None:
+        """Nothing to move: each box was written to the table when it was filled."""
