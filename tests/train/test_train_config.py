@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from embcore.errors import UserError
-from embcore.train.config import Config, check_resources, load_config, parse_override
+from embcore.train.config import Config, load_config, parse_override
+from embcore.train.resources import check_resources
 
 
 def test_defaults_round_trip_through_dicts() -> None:

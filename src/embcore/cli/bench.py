@@ -20,7 +20,7 @@ then the dynamic tables' key index alone; writes ``results.json`` and ``results.
                                         # eager and compiled (--write-benchmarks: its
                                         # BENCHMARKS.md section)
     embcore bench --disk /mnt/scratch   # W4: tables larger than memory, files there, in a
-                                        # memory cgroup; its BENCHMARKS.md section
+                                        # memory cgroup (--write-benchmarks: its section)
 
 The harness lives in the repository's ``benchmarks/sidebyside`` (benchmarks are not part of
 the installed package), so the command needs a source checkout.
@@ -126,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="DIR",
         help="run only W4, tables larger than memory, with their files in DIR (local disk, "
-        "--disk-cap rows capped: about 512 bytes a row); writes w4.json to --out and "
+        "--disk-cap rows capped: about 512 bytes a row); writes w4.json to --out and, with "
+        "--write-benchmarks, "
         "BENCHMARKS.md's W4 section",
     )
     p.add_argument(
@@ -337,8 +338,10 @@ def _run_disk(args: argparse.Namespace) -> int:
     (args.out / "w4.json").write_text(json.dumps(results, indent=1))
     text = disk.section(results, _command(), load)
     print(text)
-    markdown = args.markdown or find_benchmarks().parent / "BENCHMARKS.md"  # type: ignore[union-attr]
-    if not args.no_markdown and results.get("exit_code") == 0:
+    markdown = args.markdown
+    if markdown is None and args.write_benchmarks:
+        markdown = find_benchmarks().parent / "BENCHMARKS.md"  # type: ignore[union-attr]
+    if markdown is not None and not args.no_markdown and results.get("exit_code") == 0:
         document = markdown.read_text() if markdown.is_file() else "# BENCHMARKS\n"
         markdown.write_text(mainjob.with_section(document, text, disk.SECTION))
         print(f"wrote the W4 section of {markdown}")

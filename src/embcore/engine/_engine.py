@@ -131,16 +131,9 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         self.stochastic_rounding = check_rounding(stochastic_rounding, self.storage_dtype)
         self.pipelined = pipelining(pipeline, pipeline_execution_with_tensor_core)
         self.non_finite_gradients = check_policy(non_finite_gradients)
-        config = StoreConfig(
-            tuple(self._tables),
-            self.seed,
-            device,
-            self._backend,
-            self.storage_dtype,
-            feature_config,
-            optimizer,
-            stochastic_rounding,
-        )
+        config = StoreConfig(tuple(self._tables), self.seed, device, self._backend,
+                             self.storage_dtype, feature_config, optimizer,
+                             stochastic_rounding)  # fmt: skip
         self.store: TableStore = make_store(config, plan=plan, process_group=process_group)
         self._evicting = self.store.flush_before_training_lookup()
         self.register_buffer("_step", torch.zeros((), dtype=torch.int64))

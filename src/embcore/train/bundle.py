@@ -43,7 +43,7 @@ from embcore._fingerprint import IntegrityError, check_sealed, seal, sha256_file
 from embcore.errors import UserError
 from embcore.models import DLRM
 from embcore.train.bundle_dynamic import KEYS, dynamic_model
-from embcore.train.config import Config, check_resources
+from embcore.train.config import Config
 from embcore.train.contract import (
     input_contract,
     layout_for,
@@ -53,6 +53,7 @@ from embcore.train.contract import (
 )
 from embcore.train.model import build_model
 from embcore.train.program import FORMATS, PROGRAM_FILES, load_program, write_programs
+from embcore.train.resources import check_resources
 from embcore.train.run_state import load_checkpoint
 
 __all__ = [

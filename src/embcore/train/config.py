@@ -34,7 +34,6 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
-    "check_resources",
     "load_config",
     "parse_override",
 ]
@@ -377,56 +376,6 @@ class Config:
         """``section.key`` names whose values differ between two configs."""
         a, b = self.to_dict(), other.to_dict()
         return [f"{s}.{k}" for s in a for k in a[s] if a[s][k] != b[s][k]]
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return None
-
-
-def check_resources(config: Config, memory: int | None = None) -> None:
-    """Refuse sizes that pass the type checks but cannot be allocated on this machine.
-
-    Estimates (from below) the bytes of the tables with their optimizer slots, of one training
-    step's activations and of the held-out rows, and raises naming the keys responsible when
-    one alone exceeds ``memory`` (default: this machine's physical memory).
-    """
-    from embcore.data.batch import NUM_DENSE, NUM_SPARSE, capped_vocab_sizes
-
-    memory = _physical_memory() if memory is None else memory
-    if not memory:
-        return
-    m, d = config.model, config.data
-    slots = {"adagrad": 1.0, "rowwise_adagrad": 1.0 / m.embedding_dim, "sgd": 0.0}
-    rows = sum(capped_vocab_sizes(d.vocab_cap))  # a dynamic table holds at most its ids
-    if m.tables == "dynamic" and m.max_rows:
-        rows = sum(min(v, m.max_rows) for v in capped_vocab_sizes(d.vocab_cap))
-    width = (NUM_SPARSE + 1) * m.embedding_dim
-    dense_params = width * width * (m.dcn_rank == 0) * m.dcn_layers + width * (
-        sum(m.bottom_mlp) + sum(m.top_mlp)
-    )
-    needs = {
-        "the tables ([model] embedding_dim, [data] vocab_cap)": 4.0
-        * rows
-        * m.embedding_dim
-        * (1 + slots[config.optim.embedding_optimizer]),
-        "the dense layers ([model] embedding_dim, bottom_mlp, top_mlp, dcn_rank)": 16.0
-        * dense_params,
-        "one step's activations ([data] batch_size)": 4.0
-        * d.batch_size
-        * (3 * width + NUM_DENSE + 2 * NUM_SPARSE + sum(m.bottom_mlp) + sum(m.top_mlp)),
-        "the held-out rows ([data] eval_rows)": 4.0
-        * d.eval_rows
-        * (NUM_DENSE + 2 * NUM_SPARSE + 1),
-    }
-    for what, need in needs.items():
-        if need > memory:
-            raise UserError(
-                f"config: {what} need at least {need / 2**30:,.1f} GiB, more than this "
-                f"machine's {memory / 2**30:,.1f} GiB of memory; make them smaller"
-            )
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -32,7 +32,7 @@ from embcore._atomic import write_atomic
 from embcore.errors import UserError, reading
 from embcore.models import DLRM
 from embcore.train.bag_model import engine_inputs
-from embcore.train.config import Config, check_resources
+from embcore.train.config import Config
 from embcore.train.contract import describe_ids, id_mode, missing_id
 from embcore.train.metrics import auc, log_loss
 from embcore.train.model import (
@@ -44,6 +44,7 @@ from embcore.train.model import (
 )
 from embcore.train.progress import progress
 from embcore.train.report import plot_curves, summary_table
+from embcore.train.resources import check_resources
 from embcore.train.resume import check_resumable
 from embcore.train.run_dir import ROWS, RunDirectory
 from embcore.train.run_state import (
