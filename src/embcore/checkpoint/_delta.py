@@ -2,9 +2,10 @@
 
 ``save(engine, path, base=earlier)``: the base is opened and checked against the engine, its
 whole chain on disk is verified (every chunk's sha256, the replay: a delta is never saved on a
-base that could not load), the keys and record digests it holds are taken from memory (when this process saved or loaded
-that very checkpoint, recognised by its manifest's sha256) or read from its chain (keys and
-digests only, their chunks' sha256 checked), and the dynamic tables write what changed.
+base that could not load), the keys and record digests it holds are taken from memory (when
+this process saved or loaded that very checkpoint, recognised by its manifest's sha256) or read
+from its chain (keys and digests only, their chunks' sha256 checked), and the dynamic tables
+write what changed.
 ``load``: the chain is resolved and every dynamic table replayed from the full checkpoint
 through each delta, checked against the set digests the manifests record, before the engine
 changes. See docs/dynamic_tables.md.
