@@ -97,6 +97,8 @@ def worker_rank_order(rank: int, world: int, state: str, ckpt: str) -> dict[str,
     loaded = reversed_engine(world)
     loaded.load_state_dict(torch.load(state, weights_only=False))
     out["loaded"] = d.observe(loaded)
+    out["tables"] = {"weight": loaded.embedding_tables["user"].clone()}
+    out["tables"] |= {k: v.clone() for k, v in loaded.slot_variables["user"].items()}
     out["resumed"] = d.train(loaded, [rank], range(d.STEPS, d.STEPS + 2))
     from_ckpt = reversed_engine(world)
     ec.checkpoint.load(from_ckpt, ckpt)

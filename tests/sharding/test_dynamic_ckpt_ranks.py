@@ -29,6 +29,8 @@ def test_a_plan_with_its_ranks_out_of_order_trains_and_loads_as_one_process(tmp_
     torch.save(state, tmp_path / "state.pt")
     ec.checkpoint.save(ref, tmp_path / "ckpt")
     observed = d.observe(ref)
+    tables = {"weight": ref.embedding_tables["user"].clone()}  # ascending key order
+    tables |= {k: v.clone() for k, v in ref.slot_variables["user"].items()}
     fresh = d.engine(None)  # counters such as dropped gradients start anew on a load
     fresh.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
     resumed = d.train(fresh, list(range(WORLD)), range(d.STEPS, d.STEPS + 2))
@@ -47,5 +49,8 @@ def test_a_plan_with_its_ranks_out_of_order_trains_and_loads_as_one_process(tmp_
         assert torch.equal(got["loaded"]["probe"], observed["probe"]), rank
         for k, v in observed["state"].items():
             assert torch.equal(got["loaded"]["state"][k], v), (rank, k)
+        assert got["tables"].keys() == tables.keys()
+        for k, v in tables.items():  # gathered from both ranks in ascending key order
+            assert torch.equal(got["tables"][k], v), (rank, k)
         assert_same_steps(got["resumed"], resumed, rank, d.STEPS)
         assert_same_steps(got["resumed_from_checkpoint"], resumed, rank, d.STEPS)
