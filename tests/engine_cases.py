@@ -477,3 +477,16 @@ def _works_on_cpu(name: str) -> bool:
 
 #: Every kernel backend that runs on this machine's CPU: each must match the NumPy model.
 BACKENDS: list[str] = [name for name in ec_ops.BACKENDS if _works_on_cpu(name)]
+
+
+def scenario_step(engine: ec.EmbeddingEngine, features: Any, weights: Any, grads: dict, style: str):
+    """One step of the shared scenario by ``backward`` or by ``enqueue`` / ``dequeue`` /
+    ``apply_gradients``; returns its activations by feature path."""
+    if style == "backward":
+        acts = engine(features, weights)
+        sum((get_path(acts, p) * grads[p]).sum() for p in FEATURE_PATHS).backward()
+    else:
+        engine.enqueue(features, weights=weights)
+        acts = engine.dequeue()
+        engine.apply_gradients(nested(grads))
+    return {p: get_path(acts, p).detach() for p in FEATURE_PATHS}

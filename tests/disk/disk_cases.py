@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from engine_cases import FEATURE_PATHS, OptCase, get_path, nested, scenario_tables
+from engine_cases import OptCase, scenario_tables
 
 import embcore as ec
 from embcore.storage import cached_row_bytes
@@ -50,18 +50,6 @@ def scenario_pair(
         **options,
     )
     return memory, disk
-
-
-def train_step(engine: ec.EmbeddingEngine, features: Any, weights: Any, grads: dict, style: str):
-    """One step by ``backward`` or by ``enqueue`` / ``dequeue`` / ``apply_gradients``."""
-    if style == "backward":
-        acts = engine(features, weights)
-        sum((get_path(acts, p) * grads[p]).sum() for p in FEATURE_PATHS).backward()
-    else:
-        engine.enqueue(features, weights=weights)
-        acts = engine.dequeue()
-        engine.apply_gradients(nested(grads))
-    return {p: get_path(acts, p).detach() for p in FEATURE_PATHS}
 
 
 def assert_same_tables(memory: ec.EmbeddingEngine, disk: ec.EmbeddingEngine) -> None:

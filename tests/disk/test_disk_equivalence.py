@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from disk_cases import assert_same_tables, cache_bytes, scenario_pair, train_step
+from disk_cases import assert_same_tables, cache_bytes, scenario_pair
 from engine_cases import (
     FEATURE_PATHS,
     OPTIMIZER_CASES,
@@ -19,6 +19,7 @@ from engine_cases import (
     OptCase,
     random_gradients,
     scenario_batch,
+    scenario_step,
 )
 
 import embcore as ec
@@ -45,8 +46,8 @@ def run_and_compare(
     for size in STEPS:
         batch = scenario_batch(rng, size)
         grads = random_gradients(rng, batch)
-        want = train_step(memory, batch.features, batch.weights, grads, style)
-        got = train_step(disk, batch.features, batch.weights, grads, style)
+        want = scenario_step(memory, batch.features, batch.weights, grads, style)
+        got = scenario_step(disk, batch.features, batch.weights, grads, style)
         for p in FEATURE_PATHS:
             assert torch.equal(got[p], want[p]), (p, got[p], want[p])
     assert bool(memory.embedding_tables["a"].abs().sum() > 0)

@@ -33,6 +33,7 @@ from engine_cases import (
     random_gradients,
     scenario_batch,
     scenario_features,
+    scenario_step,
 )
 
 import embcore as ec
@@ -107,17 +108,6 @@ def as_keys(x: Any, table: str) -> Any:
     return lut[x]
 
 
-def step(engine: ec.EmbeddingEngine, features: Any, weights: Any, grads: dict, style: str):
-    if style == "backward":
-        acts = engine(features, weights)
-        sum((get_path(acts, p) * grads[p]).sum() for p in FEATURE_PATHS).backward()
-    else:
-        engine.enqueue(features, weights=weights)
-        acts = engine.dequeue()
-        engine.apply_gradients(nested(grads))
-    return {p: get_path(acts, p).detach() for p in FEATURE_PATHS}
-
-
 def run_and_compare(
     fixed: ec.EmbeddingEngine, dynamic: ec.EmbeddingEngine, style: str, seed: int = 3
 ) -> dict[str, set[int]]:
@@ -130,8 +120,8 @@ def run_and_compare(
         keyed = nested(
             {p: as_keys(get_path(batch.features, p), FEATURE_TABLE[p]) for p in FEATURE_PATHS}
         )
-        want = step(fixed, batch.features, batch.weights, grads, style)
-        got = step(dynamic, keyed, batch.weights, grads, style)
+        want = scenario_step(fixed, batch.features, batch.weights, grads, style)
+        got = scenario_step(dynamic, keyed, batch.weights, grads, style)
         for p in FEATURE_PATHS:
             assert torch.equal(got[p], want[p]), (p, got[p], want[p])
             seen[FEATURE_TABLE[p]] |= {i for sample in batch.samples[p] for i, _ in sample}
