@@ -197,3 +197,8 @@ class TableStore(Protocol):
     def describe(self, tables: str) -> str:
         """The engine's ``repr`` details around the description of its ``tables``."""
         ...
+
+    def close(self) -> None:
+        """Release the files and locks the row storages hold (``EmbeddingEngine.close``;
+        no communication)."""
+        ...

@@ -12,6 +12,10 @@ About 3% of batches are sampled (configurable). For each table, a sampled batch 
 * the lookups each rank serves under the current placement (``load_of``; each scheme's
   :meth:`~embcore.sharding.schemes.Scheme.lookup_load` says what load means for it).
 
+For a table in ``DiskStorage`` every step (not a sample) counts: its cache's hits and misses
+and the rows and bytes its working file read and wrote (:data:`CACHE_COUNTERS`), over the
+steps that ended, summed over the ranks holding pieces of it.
+
 Statistics never change numerics. Each table's statistics go to one JSON file, written
 atomically, named by a hash of the table's parameters and of the global configuration
 (sharding strategy, world size), so one directory can serve many models; a second run with the
@@ -32,9 +36,11 @@ from typing import Any
 import numpy as np
 
 from embcore import _atomic
+from embcore._cache_counts import CACHE_COUNTERS, added, counters
+from embcore._sketch import merged_sketch
 from embcore.inputs import FeatureBatch
 
-__all__ = ["StatsCollector", "TableStats", "load_stats", "stats_path"]
+__all__ = ["CACHE_COUNTERS", "StatsCollector", "TableStats", "load_stats", "stats_path"]
 
 FORMAT_VERSION = 1
 MAX_IDS_PER_EXAMPLE = 4096  # histogram bins; larger counts land in the last bin
@@ -56,6 +62,8 @@ class TableStats:
         unique_ids: sum over sampled batches of the batch's distinct ids (keys per step).
         rows_held: a dynamic table's rows, the most seen at a sampled batch (0: a fixed
             table, or none seen yet).
+        cache: a disk table's :data:`CACHE_COUNTERS` over every step (not sampled); empty
+            for a table in memory.
     """
 
     table: str
@@ -73,6 +81,7 @@ class TableStats:
     shard_load: list[int] = field(default_factory=list)
     unique_ids: int = 0
     rows_held: int = 0
+    cache: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ summaries
     def quantile(self, q: float) -> int:
@@ -96,6 +105,17 @@ class TableStats:
         return self.unique_ids / self.batches if self.batches else 0.0
 
     @property
+    def hit_rate(self) -> float | None:
+        """A disk table's cache hits per distinct id looked up (``None``: no lookups)."""
+        looked = self.cache.get("hits", 0) + self.cache.get("misses", 0)
+        return self.cache["hits"] / looked if looked else None
+
+    def per_step(self, counter: str) -> float | None:
+        """A disk table's :data:`CACHE_COUNTERS` entry per step (``None``: no step ended)."""
+        steps = self.cache.get("steps", 0)
+        return self.cache.get(counter, 0) / steps if steps else None
+
+    @property
     def sketch_error(self) -> float:
         """The largest amount by which a sketch count may undercount its id."""
         return self.sketch_total / (self.capacity + 1)
@@ -109,7 +129,7 @@ class TableStats:
     def add_counts(self, ids: np.ndarray, counts: np.ndarray) -> None:
         """Merge a batch's exact id counts into the Misra-Gries sketch."""
         self.sketch_total += int(counts.sum())
-        self.sketch = _merged_sketch(self.sketch, ids, counts, self.capacity)
+        self.sketch = merged_sketch(self.sketch, ids, counts, self.capacity)
 
     def merge(self, other: TableStats) -> None:
         """Add another run's statistics (same key) into this one."""
@@ -121,7 +141,7 @@ class TableStats:
         self.ids_per_example = self.ids_per_example + other.ids_per_example
         self.unique_ratio_sum += other.unique_ratio_sum
         self.capacity = min(self.capacity, other.capacity)
-        self.sketch = _merged_sketch(
+        self.sketch = merged_sketch(
             self.sketch,
             np.fromiter(other.sketch.keys(), dtype=np.int64, count=len(other.sketch)),
             np.fromiter(other.sketch.values(), dtype=np.int64, count=len(other.sketch)),
@@ -130,6 +150,7 @@ class TableStats:
         self.sketch_total += other.sketch_total
         self.unique_ids += other.unique_ids
         self.rows_held = max(self.rows_held, other.rows_held)
+        self.cache = added(self.cache, other.cache)
         if len(other.shard_load) == len(self.shard_load):
             self.shard_load = [
                 a + b for a, b in zip(self.shard_load, other.shard_load, strict=True)
@@ -153,6 +174,7 @@ class TableStats:
             "shard_load": self.shard_load,
             "unique_ids": self.unique_ids,
             "rows_held": self.rows_held,
+            "cache": dict(self.cache),
             "summary": {
                 "mean_ids_per_example": self.mean_ids_per_example,
                 "p50_ids_per_example": self.quantile(0.5),
@@ -160,7 +182,16 @@ class TableStats:
                 "unique_ratio": self.unique_ratio,
                 "mean_unique_ids": self.mean_unique_ids,
                 "rows_held": self.rows_held,
+                **self._cache_summary(),
             },
+        }
+
+    def _cache_summary(self) -> dict[str, Any]:
+        if not self.cache:
+            return {}
+        return {
+            "hit_rate": self.hit_rate,
+            **{f"{c}_per_step": self.per_step(c) for c in CACHE_COUNTERS[3:]},
         }
 
     @classmethod
@@ -187,28 +218,8 @@ class TableStats:
             shard_load=list(data["shard_load"]),
             unique_ids=int(data.get("unique_ids", 0)),  # absent in files of older versions
             rows_held=int(data.get("rows_held", 0)),
+            cache={str(k): int(v) for k, v in data.get("cache", {}).items()},
         )
-
-
-def _merged_sketch(
-    sketch: dict[int, int], ids: np.ndarray, counts: np.ndarray, capacity: int
-) -> dict[int, int]:
-    """Add exact counts of distinct ``ids`` to a sketch, then the Misra-Gries reduction: if
-    more than ``capacity`` ids remain, subtract the (capacity+1)-th largest count and keep the
-    positives. Vectorized: this runs per table for every profiled batch."""
-    if sketch:
-        n = len(sketch)
-        ids = np.concatenate([np.fromiter(sketch.keys(), dtype=np.int64, count=n), ids])
-        counts = np.concatenate([np.fromiter(sketch.values(), dtype=np.int64, count=n), counts])
-        ids, inverse = np.unique(ids, return_inverse=True)
-        summed = np.zeros(ids.size, dtype=np.int64)
-        np.add.at(summed, inverse, counts)
-        counts = summed
-    if ids.size > capacity:
-        cut = np.partition(counts, ids.size - capacity - 1)[ids.size - capacity - 1]
-        keep = counts > cut
-        ids, counts = ids[keep], counts[keep] - cut
-    return dict(zip(ids.tolist(), counts.tolist(), strict=True))
 
 
 def table_key(
@@ -265,6 +276,8 @@ class StatsTable:
         strategy: the table's placement, part of its key (``None``: the collector's).
         rows_held: ``() -> int``, a dynamic table's rows now (over all ranks); ``None`` for a
             fixed table.
+        cache_counters: ``() -> {counter: int}``, a disk table's :data:`CACHE_COUNTERS`
+            since it was made, on this rank; ``None`` for a table in memory.
     """
 
     name: str
@@ -275,6 +288,7 @@ class StatsTable:
     num_shards: int = 1
     strategy: str | None = None
     rows_held: Callable[[], int] | None = None
+    cache_counters: Callable[[], dict[str, int]] | None = None
 
 
 class StatsCollector:
@@ -323,6 +337,16 @@ class StatsCollector:
             )
             for t in self._tables
         ]
+        self._cache_seen = [counters(t.cache_counters) for t in self._tables]
+
+    def count_cache(self) -> None:
+        """Add what each disk table counted since the last call to its statistics."""
+        for i, t in enumerate(self._tables):
+            now, before = counters(t.cache_counters), self._cache_seen[i]
+            if now is not None and before is not None:
+                delta = {k: now[k] - before[k] for k in CACHE_COUNTERS}
+                self.stats[i].cache = added(self.stats[i].cache, delta)
+                self._cache_seen[i] = now
 
     def regrouped(self, tables: Sequence[StatsTable], *, world_size: int) -> StatsCollector:
         """A fresh collector with this one's directory, rate and seed for another layout of
@@ -336,7 +360,9 @@ class StatsCollector:
         )
 
     def maybe_observe(self, features_by_table: Sequence[Sequence[FeatureBatch]]) -> bool:
-        """Profile this batch with probability ``sample_rate``; return whether it was."""
+        """Profile this batch with probability ``sample_rate``; return whether it was.
+        Disk tables' counters are brought up to date at every batch."""
+        self.count_cache()
         if self._rng.random() >= self.sample_rate:
             return False
         self.observe(features_by_table)
@@ -386,12 +412,16 @@ class StatsCollector:
             write: ``False`` only resets (a rank that leaves the writing to another); the
                 paths that are written elsewhere are still returned.
         """
+        self.count_cache()
         paths = []
         for i, stats in enumerate(self.stats):
             total = TableStats.from_json(stats.to_json())
             for other in others:
                 total.merge(other[i])
-            if total.batches == 0:
+            if total.cache:  # every rank ends the same steps: counted once
+                steps = [stats.cache.get("steps", 0)] + [o[i].cache.get("steps", 0) for o in others]
+                total.cache["steps"] = max(steps)
+            if total.batches == 0 and not total.cache:
                 continue
             path = stats_path(self.directory, total.key)
             if write:

@@ -36,10 +36,12 @@ class DiskStorage:
         directory: where the table's working file (``<table>.rows``) and its lock file go;
             created (mode 0700) if missing. Use local disk; one engine at a time may use a
             directory. The working file is not a checkpoint: a new engine starts it afresh.
+            In a sharded engine each rank uses its subdirectory ``rank<r>``, or the path with
+            ``{rank}`` replaced by its rank when the path contains ``{rank}``.
         cache_bytes: RAM for cached rows (weights, slots and their bookkeeping; see
             docs/disk_tables.md for the bytes a row costs). As an engine-wide default
             (``EmbeddingEngine(storage=...)``), the budget of all its disk tables together,
-            split between them by size.
+            split between them by size. In a sharded engine, each rank's for its piece.
         direct_io: read and write with ``O_DIRECT`` (no page cache, so memory stays bounded);
             ``None`` uses it where the file system supports it and otherwise reads through
             the page cache, dropping the pages it read (``posix_fadvise``).

@@ -69,6 +69,8 @@ CONFIG_HELP = """\
   "vocabulary_size": null makes a dynamic table, placed by key hash; its optional max_rows
   (the whole table's eviction limit) is the rows the planner expects it to hold, else the
   "rows_held" of its --stats, else 1,048,576.
+  "storage": "disk" with "cache_bytes": "2GiB" puts a fixed table in DiskStorage: its memory
+  is its RAM cache (and a fixed overhead), its file is shown in a disk column.
   optimizer: sgd, adagrad (default), adagrad_momentum, adam, ftrl, rowwise_adagrad, none.
   batch_size: the per-rank batch size (default 1024); --batch-size and --optimizer override.
 --stats DIR|FILE: a profile_data_directory, or {"TABLE": {"ids_per_example": 20,
@@ -150,7 +152,7 @@ def _human(n: float) -> str:
 
 
 _TABLE_FIELDS = ("name", "vocabulary_size", "dim", "features", "max_sequence_length",
-                 "ids_per_example", "combiner", "max_rows")  # fmt: skip
+                 "ids_per_example", "combiner", "max_rows", "storage", "cache_bytes")  # fmt: skip
 _TOP_FIELDS = ("tables", "optimizer", "batch_size")
 
 
@@ -170,6 +172,26 @@ def _eviction(table: dict[str, Any]) -> Any:
             f"vocabulary_size={table['vocabulary_size']!r}"
         )
     return ec.Eviction(max_rows=table["max_rows"])
+
+
+def _storage(table: dict[str, Any]) -> ec.DiskStorage | None:
+    """``"storage": "disk"`` with its ``cache_bytes`` (a size such as ``"2GiB"`` or bytes),
+    or ``"memory"`` (the default)."""
+    kind, cache = table.get("storage", "memory"), table.get("cache_bytes")
+    if kind not in ("memory", "disk"):
+        raise ValueError(f'storage must be "memory" or "disk", got {kind!r}')
+    if kind == "memory":
+        if cache is not None:
+            raise ValueError('cache_bytes is for tables with "storage": "disk"')
+        return None
+    if cache is None:
+        raise ValueError('a table with "storage": "disk" needs "cache_bytes" (e.g. "2GiB")')
+    if isinstance(cache, str):
+        try:
+            cache = _bytes(cache)
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"cache_bytes: {error}") from None
+    return ec.DiskStorage("embcore-disk", cache_bytes=cache)  # the directory is not planned
 
 
 def feature_config(
@@ -210,6 +232,7 @@ def feature_config(
                 name=t.get("name", f"table_{i}"),
                 combiner=t.get("combiner", "mean"),
                 eviction=_eviction(t),
+                storage=_storage(t),
             )
             length = _int_field("max_sequence_length", t.get("max_sequence_length", 0), 0)
             for f in range(_int_field("features", t.get("features", 1), 1)):
@@ -265,22 +288,38 @@ def report(
     ranks, tables = estimate(
         sharding, features, optimizer=optimizer, batch_size=batch_size, stats=stats
     )
+    disk = any("disk" in t.tiers for t in tables)  # a disk column when a table has a file
+
+    def on_disk(tiers: dict[str, int]) -> str:
+        return f" {_human(tiers.get('disk', 0)):>12}" if disk else ""
+
     lines = [
         f"sharding plan for {sharding.world_size} rank(s), per-rank batch {batch_size}",
         "",
-        f"{'table':<16} {'placement':<32} {'memory':>12} {'sent/step':>12}",
+        f"{'table':<16} {'placement':<32} {'memory':>12}{' ' * 9 + 'disk' if disk else ''} "
+        f"{'sent/step':>12}",
     ]
     for t in tables:
         lines.append(
-            f"{t.table:<16} {t.shard.describe():<32} {_human(t.memory_bytes):>12} "
-            f"{_human(t.bytes_sent):>12}"
+            f"{t.table:<16} {t.shard.describe():<32} {_human(t.memory_bytes):>12}"
+            f"{on_disk(t.tiers)} {_human(t.bytes_sent):>12}"
         )
-    lines += ["", f"{'rank':<6} {'memory':>12} {'sent/step':>12} {'received/step':>14}"]
+    lines += [
+        "",
+        f"{'rank':<6} {'memory':>12}{' ' * 9 + 'disk' if disk else ''} {'sent/step':>12} "
+        f"{'received/step':>14}",
+    ]
     for r in ranks:
         lines.append(
-            f"{r.rank:<6} {_human(r.memory_bytes):>12} {_human(r.bytes_sent):>12} "
-            f"{_human(r.bytes_received):>14}"
+            f"{r.rank:<6} {_human(r.memory_bytes):>12}{on_disk(r.tiers)} "
+            f"{_human(r.bytes_sent):>12} {_human(r.bytes_received):>14}"
         )
+    if disk:
+        lines += [
+            "",
+            "memory: RAM (a disk table: its cache and fixed overhead); disk: the working files "
+            "once every row was written",
+        ]
     if verdicts:
         lines += [
             "",

@@ -57,6 +57,8 @@ def _check(s: TableStats) -> None:
             f"counts out of range in {bad or ['sketch']} (table {s.table!r}); expected "
             "non-negative integers and at most capacity sketch entries"
         )
+    if any(not isinstance(v, int) or v < 0 for v in s.cache.values()):
+        raise UserError(f"negative disk cache counters (table {s.table!r}): {s.cache}")
     if any(x < 0 for x in s.shard_load) or (s.ids_per_example < 0).any():
         raise UserError(f"negative loads or ids per example (table {s.table!r})")
 
@@ -101,11 +103,27 @@ def report(found: list[tuple[Path, TableStats]], top: int) -> str:
             lines.append(
                 f"  sampled lookups covered by the hottest tracked ids (at least): {shares}"
             )
+        if s.cache:
+            lines.append(_cache_line(s))
         if len(s.shard_load) > 1:
             total = max(sum(s.shard_load), 1)
             shares = " ".join(f"{100 * x / total:.1f}%" for x in s.shard_load)
             lines.append(f"  ids per shard: {shares}")
     return "\n".join(lines)
+
+
+def _cache_line(s: TableStats) -> str:
+    """A disk table's cache hit rate and its file's reads and writes per step."""
+    rate = "no lookups" if s.hit_rate is None else f"hit rate {100 * s.hit_rate:.1f}%"
+    steps = s.cache.get("steps", 0)
+    if not steps:
+        return f"  disk cache: {rate}; no training step ended"
+    return (
+        f"  disk cache: {rate} ({s.cache.get('hits', 0):,} hits, {s.cache.get('misses', 0):,} "
+        f"misses) over {steps:,} steps; per step read {s.per_step('rows_read'):,.1f} rows "
+        f"({s.per_step('bytes_read') / 1e6:.3f} MB), wrote {s.per_step('rows_written'):,.1f} "
+        f"rows ({s.per_step('bytes_written') / 1e6:.3f} MB)"
+    )
 
 
 def _placement(key: dict) -> str:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
+from embcore.disk._checksum import damaged, seal
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
 from embcore.initializers import BLOCK_ROWS, initial_rows
 from embcore.ops.cpu import threads
@@ -71,10 +72,19 @@ class DiskTable:
         storage: where and how (its ``cache_bytes`` is not read: see ``cache_bytes``).
         seed: the engine's seed (the default initializer's).
         cache_bytes: this table's cache budget (at least one row is cached).
+        rows, first: the rows held, ``[first, first + rows)`` of the table (a sharded
+            engine's piece); ``rows=None``: the whole table. Local row ``i`` is row
+            ``first + i`` of the table, with its initial values.
     """
 
     def __init__(
-        self, table: ResolvedTable, storage: DiskStorage, seed: int, cache_bytes: int
+        self,
+        table: ResolvedTable,
+        storage: DiskStorage,
+        seed: int,
+        cache_bytes: int,
+        rows: int | None = None,
+        first: int = 0,
     ) -> None:
         opt = table.optimizer
         if opt is not None and opt.slot_variable_creation_fn is not None:
@@ -90,7 +100,8 @@ class DiskTable:
                 "writing all of it; use lazy_adam=True, or keep the table in memory"
             )
         self.table, self.seed, self.storage = table, seed, storage
-        self.rows = int(table.vocabulary_size)
+        self.rows = int(table.vocabulary_size if rows is None else rows)
+        self.first = first
         shapes = row_shapes(table)
         self._init = {s.name: s.initial_value for s in opt.slot_specs()} if opt else {}
         layout = RecordLayout(table.dim, tuple((n, s) for n, s in shapes.items() if n != "weight"))
@@ -164,7 +175,7 @@ class DiskTable:
         return out
 
     def _check(self, ids: np.ndarray, records: np.ndarray) -> None:
-        bad = (records["magic"] != RECORD_MAGIC) | (records["id"] != ids)
+        bad = (records["magic"] != RECORD_MAGIC) | (records["id"] != ids) | damaged(records)
         if bad.any():
             raise self.file.unreadable(ids[bad])
 
@@ -181,6 +192,7 @@ class DiskTable:
         records["magic"], records["id"] = RECORD_MAGIC, ids
         for name, value in rows.items():
             records["weight" if name == "weight" else f"slot_{name}"] = value.numpy()
+        seal(records)
         with self._lock:
             if self._staged:
                 self._writes.append(ids)
@@ -191,15 +203,16 @@ class DiskTable:
     def initial(self, start: int, stop: int) -> dict[str, Tensor]:
         """``name -> (stop - start, ...)``: the initial values of rows ``[start, stop)``,
         those of the in-memory table."""
-        cfg = self.table.config
+        cfg, vocab = self.table.config, int(self.table.vocabulary_size)
+        a, b = self.first + start, self.first + stop  # the rows of the whole table
         if cfg.initializer is None:
-            weight = initial_rows(self.table.name, self.rows, cfg.dim, None, self.seed, start, stop)
+            weight = initial_rows(self.table.name, vocab, cfg.dim, None, self.seed, a, b)
         else:  # a user initializer draws the whole table at once: keep it until all is written
             if self._user_rows is None:
                 self._user_rows = initial_rows(
-                    self.table.name, self.rows, cfg.dim, cfg.initializer, self.seed
+                    self.table.name, vocab, cfg.dim, cfg.initializer, self.seed
                 )
-            weight = self._user_rows[start:stop]
+            weight = self._user_rows[a:b]
         out = {"weight": weight}
         for name, shape in row_shapes(self.table).items():
             if name != "weight":
@@ -226,6 +239,7 @@ class DiskTable:
             part["id"] = np.arange(start + a, start + b)
             for name, value in values.items():
                 part["weight" if name == "weight" else f"slot_{name}"] = value[a:b].numpy()
+            seal(part)
             self.file.write(np.arange(start + a, start + b), part)
         self.io["rows_written"] += n
 
@@ -267,7 +281,7 @@ class DiskTable:
             return
         at = np.searchsorted(have, ids).clip(max=have.size - 1)
         ok = (have[at] == ids) & (records["magic"][at] == RECORD_MAGIC)
-        ok &= records["id"][at] == ids
+        ok &= (records["id"][at] == ids) & ~damaged(records)[at]
         if later:
             ok &= ~np.isin(ids, np.concatenate(later))
         if ok.any():

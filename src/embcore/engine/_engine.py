@@ -26,6 +26,7 @@ from embcore._validate import check_int
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
+from embcore.engine._closing import Closing
 from embcore.engine._compiled import attach_ops, compiled_lookup
 from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
@@ -56,7 +57,7 @@ from embcore.stats import StatsCollector
 __all__ = ["EmbeddingEngine"]
 
 
-class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Module):
+class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Module):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
     Args:
@@ -296,6 +297,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         """``(S_f, dim)`` activations of every feature, flat in feature order; with ``out``
         (``(S, F, dim)``-shaped), written into its ``[:, f, :]`` slices. ``training``: a
         training lookup (dynamic tables count and admit its keys)."""
+        self._check_open()
         if training and self._evicting:  # the pending update's step end may evict and free rows
             self._pipeline.flush()
         self._pipeline.wait()
@@ -355,6 +357,7 @@ class EmbeddingEngine(EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Mod
         error: Exception | None,
         whole: Tensor | None,
     ) -> None:
+        self._check_open()
         bad = (
             []
             if error

@@ -20,7 +20,7 @@ from embcore import ops
 from embcore._comm import Comm
 from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
-from embcore.rows import Records, RowEnv, RowStore, StoredTensor, make_rows
+from embcore.rows import Records, RowEnv, RowStore, StoredTensor, close_rows, make_rows
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["LocalStore"]
@@ -170,6 +170,7 @@ class LocalStore(nn.Module):
                 t.dim,
                 len(t.features),
                 rows_held=_held(self._row(t.index)),
+                cache_counters=getattr(self._row(t.index), "cache_counters", None),
             )
             for t in self.tables
         ]
@@ -179,6 +180,9 @@ class LocalStore(nn.Module):
 
     def describe(self, tables: str) -> str:
         return tables
+
+    def close(self) -> None:
+        close_rows(self.rows)
 
 
 def _held(rows: RowStore) -> Callable[[], int | None] | None:

@@ -23,7 +23,16 @@ from embcore.rows._contract import (
     StoredTensor,
     stored_names,
 )
-from embcore.rows._registry import ROWS, kind_of, make_rows, register, row_class
+from embcore.rows._registry import (
+    ROWS,
+    close_rows,
+    kind_of,
+    make_rows,
+    placements,
+    planned_memory,
+    register,
+    row_class,
+)
 
 __all__ = [
     "ROWS",
@@ -32,8 +41,11 @@ __all__ = [
     "RowEnv",
     "RowStore",
     "StoredTensor",
+    "close_rows",
     "kind_of",
     "make_rows",
+    "placements",
+    "planned_memory",
     "register",
     "row_class",
     "stored_names",

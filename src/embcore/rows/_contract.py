@@ -52,12 +52,15 @@ class RowEnv:
         device: where the rows the kernels read live (a deeper tier may live elsewhere).
         storage_dtype: the dtype of ``weight`` rows (slots stay float32).
         stochastic_rounding: round half-precision rows stochastically when stored.
+        rank: this process's rank in a sharded engine (0 alone): a kind that keeps files
+            gives each rank its own.
     """
 
     seed: int
     device: torch.device
     storage_dtype: torch.dtype = torch.float32
     stochastic_rounding: bool = False
+    rank: int = 0
 
 
 class StoredTensor(Protocol):

@@ -7,6 +7,7 @@ initial value, whatever the sharding (see ``docs/sharding.md``, "Details that ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -25,25 +26,42 @@ class Piece:
     """The part of a table's logical ``(vocab, dim)`` tensor that one rank holds.
 
     Attributes:
-        rows: ``(n,) int64`` global row ids, in local-row order.
+        listed: ``(n,) int64`` global row ids, in local-row order; ``None`` for the
+            contiguous range ``row_start + arange(n)`` (made only when :attr:`rows` is read:
+            a piece of a table on disk may have billions of rows).
         cols: ``[lo, hi)`` columns.
-        row_start: the first row when ``rows`` is the contiguous range ``row_start + arange(n)``,
-            else ``None``.
+        row_start: the first row when the rows are the contiguous range ``row_start +
+            arange(n)``, else ``None``.
+        size: ``n``, the rows held.
     """
 
-    rows: Tensor
+    listed: Tensor | None
     cols: tuple[int, int]
     row_start: int | None
+    size: int = -1
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            assert self.listed is not None
+            object.__setattr__(self, "size", int(self.listed.numel()))
 
     @classmethod
     def range(cls, start: int, stop: int, cols: tuple[int, int]) -> Piece:
-        return cls(torch.arange(start, stop, dtype=I64), cols, start)
+        return cls(None, cols, start, stop - start)
+
+    @cached_property
+    def rows(self) -> Tensor:
+        """``(n,) int64`` global row ids, in local-row order."""
+        if self.listed is not None:
+            return self.listed
+        assert self.row_start is not None
+        return torch.arange(self.row_start, self.row_start + self.size, dtype=I64)
 
 
 def _initial_weight(table: ResolvedTable, seed: int, piece: Piece) -> Tensor:
     cfg, lo, hi = table.config, piece.cols[0], piece.cols[1]
     if piece.row_start is not None:
-        stop = piece.row_start + piece.rows.numel()
+        stop = piece.row_start + piece.size
         rows = initial_rows(
             table.name, cfg.vocabulary_size, cfg.dim, cfg.initializer, seed, piece.row_start, stop
         )
@@ -51,7 +69,7 @@ def _initial_weight(table: ResolvedTable, seed: int, piece: Piece) -> Tensor:
     if cfg.initializer is not None:  # a user initializer makes the full table anyway
         full = initial_rows(table.name, cfg.vocabulary_size, cfg.dim, cfg.initializer, seed)
         return full[piece.rows, lo:hi]
-    out = torch.empty(piece.rows.numel(), hi - lo, dtype=F32)
+    out = torch.empty(piece.size, hi - lo, dtype=F32)
     blocks = torch.div(piece.rows, BLOCK_ROWS, rounding_mode="floor")
     for block in torch.unique(blocks).tolist():  # draw only the blocks holding our rows
         start = block * BLOCK_ROWS
@@ -81,7 +99,7 @@ def initial_piece(
             for name, value in made.items()
         }
     else:
-        n = piece.rows.numel()
+        n = piece.size
         slots = {
             s.name: torch.full((n,) if s.rowwise else (n, hi - lo), s.initial_value, dtype=F32)
             for s in opt.slot_specs()

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from typing import Any
 
 from embcore.config import ResolvedTable
 from embcore.rows._contract import RowEnv, RowStore
 
-__all__ = ["ROWS", "kind_of", "make_rows", "register", "row_class"]
+__all__ = [
+    "ROWS",
+    "close_rows",
+    "kind_of",
+    "make_rows",
+    "placements",
+    "planned_memory",
+    "register",
+    "row_class",
+]
 
 #: Kind name -> its class, or ``"module:Class"`` imported when a table first needs it (so a
 #: kind's dependencies load only when used).
@@ -66,3 +76,27 @@ def make_rows(table: ResolvedTable, env: RowEnv, **part: Any) -> RowStore:
             shard; ``shard=True`` for one key shard of a keyed table.
     """
     return row_class(table)(table, env, **part)  # type: ignore[call-arg]
+
+
+def planned_memory(table: ResolvedTable, rows: int, cols: int) -> dict[str, int] | None:
+    """Bytes per tier (``{"ram": ...}``, ``{"ram": ..., "disk": ...}``) that a piece of
+    ``rows`` rows and ``cols`` columns of ``table`` takes, as its row storage's
+    :meth:`~RowStore.memory` reports it once built and filled (the kind's classmethod
+    ``planned_memory``); ``None`` when the kind does not say."""
+    plan = getattr(row_class(table), "planned_memory", None)
+    return None if plan is None else plan(table, rows, cols)
+
+
+def placements(table: ResolvedTable) -> tuple[str, ...] | None:
+    """The sharding placements whose pieces ``table``'s kind can hold, named as the
+    planner's overrides name them (``"table_wise"``, ``"row_wise:div"``); ``None``: all."""
+    return getattr(row_class(table), "placements", None)
+
+
+def close_rows(rows: Iterable[Any]) -> None:
+    """Release what each row storage holds outside memory (its ``close()``, where the kind
+    has one: files, locks)."""
+    for r in rows:
+        close = getattr(r, "close", None)
+        if close is not None:
+            close()

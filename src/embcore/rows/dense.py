@@ -74,6 +74,14 @@ class DenseRows(RowModule):
         for name in self.slot_names:
             self.put(name, slots[name])
 
+    @classmethod
+    def planned_memory(cls, table: ResolvedTable, rows: int, cols: int) -> dict[str, int]:
+        """:meth:`memory` of a piece of ``rows`` x ``cols`` before it is built: float32
+        weights and slots (the GPU's memory for a CUDA engine, counted as ``"ram"``)."""
+        specs = table.optimizer.slot_specs() if table.optimizer else ()
+        element = sum(not s.rowwise for s in specs)
+        return {"ram": rows * 4 * (cols * (1 + element) + sum(s.rowwise for s in specs))}
+
     # ------------------------------------------------------------------ the step
     def reserve(self, batches: Sequence[FeatureBatch]) -> None:
         """Nothing: every row exists."""

@@ -21,9 +21,11 @@ from torch import Tensor, nn
 from embcore import ops
 from embcore._lazy_box import LazyBox
 from embcore.config import ResolvedTable
+from embcore.disk.placement import PLACEMENTS, piece_fits, planned_memory, rank_storage
 from embcore.disk.table import DiskTable, row_shapes
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Chunks, Records, RowEnv, stored_names
+from embcore.rows._piece import Piece
 
 __all__ = ["DiskRows", "DiskTensor"]
 
@@ -37,14 +39,20 @@ class DiskRows(nn.Module):
 
     kind: ClassVar[str] = "disk"
     records: ClassVar[Records] = "tensors"
+    #: a sharded store hands checkpoints this kind's boxes, read or written one at a time
+    streams_boxes: ClassVar[bool] = True
 
-    def __init__(self, table: ResolvedTable, env: RowEnv, **part: Any) -> None:
+    #: the placements of a sharding plan whose pieces it holds (``embcore.sharding``)
+    placements: ClassVar[tuple[str, ...]] = PLACEMENTS
+
+    def __init__(
+        self, table: ResolvedTable, env: RowEnv, piece: Piece | None = None, **part: Any
+    ) -> None:
         super().__init__()
-        if part:
+        if part or (piece is not None and not piece_fits(piece, table)):
             raise ValueError(
-                f"table '{table.name}': a table in DiskStorage is held by one process; "
-                "sharding it is not supported (keep it out of the sharding plan's tables, "
-                "or in memory)"
+                f"table '{table.name}': a table in DiskStorage holds whole rows of a contiguous "
+                f"range on each rank; a sharding plan may place it only {list(PLACEMENTS)}"
             )
         if env.device.type != "cpu" or env.storage_dtype != torch.float32:
             raise ValueError(
@@ -52,9 +60,19 @@ class DiskRows(nn.Module):
                 f"device={env.device}, storage_dtype={env.storage_dtype}"
             )
         self.table = table
-        storage = table.storage
-        self.disk = DiskTable(table, storage, env.seed, storage.cache_bytes)
+        storage = rank_storage(table.storage, env.rank, sharded=piece is not None)
+        rows = None if piece is None else piece.size
+        first = 0 if piece is None else int(piece.row_start or 0)
+        self.disk = DiskTable(table, storage, env.seed, storage.cache_bytes, rows, first)
         self._state: ops.TableState | None = None
+        self.closed = False
+        self.steps = 0  #: training steps ended (the lookup statistics' denominator)
+
+    @classmethod
+    def planned_memory(cls, table: ResolvedTable, rows: int, cols: int) -> dict[str, int]:
+        """:meth:`memory` of a piece of ``rows`` rows before it is built, once all its rows
+        were written (``cols`` is the table's dim: pieces hold whole rows)."""
+        return planned_memory(table, rows)
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -74,6 +92,7 @@ class DiskRows(nn.Module):
         return self._map(batches, changed=True)
 
     def _map(self, batches: Sequence[FeatureBatch], changed: bool) -> list[FeatureBatch]:
+        self._check_open()
         if not batches or sum(b.values.numel() for b in batches) == 0:
             return list(batches)
         flat = np.concatenate([b.values.cpu().numpy() for b in batches])
@@ -96,6 +115,7 @@ class DiskRows(nn.Module):
 
     def end_step(self) -> None:
         self.disk.end_step()
+        self.steps += 1
 
     def prefetch(self, batches: Sequence[FeatureBatch]) -> None:
         """Start reading the rows of a batch prepared ahead (``EmbeddingEngine.prepare``)."""
@@ -122,11 +142,42 @@ class DiskRows(nn.Module):
     def info(self) -> dict[str, int]:
         return self.disk.info()
 
+    def cache_counters(self) -> dict[str, int]:
+        """Counts since the engine was made, for the lookup statistics: ``steps`` ended,
+        cache ``hits`` and ``misses`` (distinct ids of lookups), and ``rows_read``,
+        ``bytes_read``, ``rows_written``, ``bytes_written`` of the working file."""
+        size, io = self.disk.file.record_bytes, self.disk.io
+        return {
+            "steps": self.steps,
+            "hits": self.disk.cache.stats["hits"],
+            "misses": self.disk.cache.stats["misses"],
+            "rows_read": io["rows_read"],
+            "bytes_read": io["rows_read"] * size,
+            "rows_written": io["rows_written"],
+            "bytes_written": io["rows_written"] * size,
+        }
+
     def rows_held(self) -> int | None:
         return None
 
     def memory(self) -> dict[str, int]:
         return {"ram": self.disk.cache.nbytes, "disk": self.disk.file.disk_bytes}
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Release the working file and its lock now (``EmbeddingEngine.close``): another
+        engine may then use the directory. The rows are gone: save a checkpoint first."""
+        if not self.closed:
+            self.closed = True
+            self.disk.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(
+                f"table '{self.table.name}': its engine was closed (the working file in "
+                f"{self.disk.file.directory} is released); make a new engine and load a "
+                "checkpoint into it"
+            )
 
     # ------------------------------------------------------------------ persisting
     def tensors(self) -> list[DiskTensor]:

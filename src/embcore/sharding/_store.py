@@ -27,8 +27,9 @@ from embcore import ops
 from embcore._comm import STEP_KINDS, Comm, Exchange, OutOfStepError
 from embcore._fingerprint import fingerprint64
 from embcore._table_store import StoreConfig
+from embcore.config import resolve
 from embcore.inputs import FeatureBatch
-from embcore.rows import Chunks, Records, row_class, stored_names
+from embcore.rows import Chunks, Records, close_rows, row_class, stored_names
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
 from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load
@@ -92,8 +93,10 @@ class ShardedStore:
         self._device = config.device
         self._comm = Comm(process_group, config.device)
         world = self._comm.world
-        if plan is None:
-            plan = make_plan(config.feature_config, world, optimizer=config.optimizer)
+        if plan is None:  # planned for the resolved tables (an engine-wide storage is theirs)
+            features = resolve(config.feature_config, config.optimizer)[0]
+            tables = (features, list(self.tables))
+            plan = make_plan(tables, world, optimizer=config.optimizer)
         plan.check(list(self.tables), world)
         self._check_everyone_agrees(plan, config.seed)
         self._plan = plan
@@ -167,6 +170,9 @@ class ShardedStore:
             f"{name}: {shard.describe()}" for name, shard in self._plan.tables.items()
         )
         return f"rank={self._comm.rank}/{self._comm.world}, {tables}, plan=[{placed}]"
+
+    def close(self) -> None:
+        close_rows([s.rows for s in self._sharded if s.rows is not None])
 
     def _run(self, ex: Any) -> Any:
         return ex.run() if self._exchanges else ex.run_local()
@@ -361,7 +367,15 @@ class ShardedStore:
 
     def table_info(self, table: int) -> dict[str, int]:
         """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``), summed over
-        the ranks (a collective)."""
+        the ranks (a collective); a disk table's counters, summed over its pieces."""
+        if not isinstance(self._sharded[table], KeyHash):  # a disk table's pieces
+            rows = self._sharded[table].rows
+            held = rows.info() if rows is not None else {}
+            everyone: list[Any] = [held]
+            if self._comm.distributed and self._comm.world > 1:
+                everyone = [None] * self._comm.world
+                dist.all_gather_object(everyone, held, group=self._comm.group)
+            return {k: sum(i.get(k, 0) for i in everyone) for info in everyone for k in info}
         s = self._key_hash(table)
         mine = [0, 0, 0]
         if s.rows is not None:
@@ -410,8 +424,9 @@ class ShardedStore:
                 load_of=lookup_load(self._plan[t.name], t.vocabulary_size, world, rank),
                 num_shards=world,
                 strategy=self._plan[t.name].describe(),
+                cache_counters=getattr(s.rows, "cache_counters", None),
             )
-            for t in self.tables
+            for t, s in zip(self.tables, self._sharded, strict=True)
         ]
 
     def write_statistics(self, stats: StatsCollector) -> list[Path]:
@@ -421,6 +436,7 @@ class ShardedStore:
         if not comm.distributed or comm.world == 1:
             return stats.flush()
         everyone: list[Any] = [None] * comm.world
+        stats.count_cache()  # disk tables' counters up to the last step, on every rank
         dist.all_gather_object(everyone, stats.stats, group=comm.group)
         others = [s for r, s in enumerate(everyone) if r != comm.rank]
         paths = stats.flush(others=others, write=comm.rank == 0)

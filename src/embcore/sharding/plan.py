@@ -17,9 +17,10 @@ from types import MappingProxyType
 from typing import Any
 
 from embcore.config import ResolvedTable
+from embcore.rows import kind_of, placements
 from embcore.sharding.schemes import SCHEMES, Scheme, is_dynamic
 
-__all__ = ["ShardingPlan", "TableShard"]
+__all__ = ["ShardingPlan", "TableShard", "check_placement"]
 
 #: The optional TableShard fields; a scheme that does not list one in its ``shard_fields``
 #: requires it to be ``None``.
@@ -158,6 +159,13 @@ class TableShard:
         """Short human form: ``row_wise(div) on 0,1``."""
         return self.scheme_class.describe(self)
 
+    @property
+    def placement(self) -> str:
+        """The scheme as the planner's overrides name it, without ranks: ``table_wise``,
+        ``row_wise:div``, ``column_wise``."""
+        strategy = self.partition_strategy
+        return self.scheme if strategy is None else f"{self.scheme}:{strategy}"
+
 
 @dataclass(frozen=True)
 class ShardingPlan:
@@ -268,6 +276,19 @@ class ShardingPlan:
                     f"{shard.describe()}; {_schemes_for(is_dynamic(t))}"
                 )
             shard.scheme_class.check_table(shard, t)
+            check_placement(t, shard)
+
+
+def check_placement(table: ResolvedTable, shard: TableShard, owner: str = "ShardingPlan") -> None:
+    """Raise ``ValueError`` unless ``table``'s row storage can hold the pieces ``shard``
+    gives the ranks (its kind's :func:`~embcore.rows.placements`)."""
+    allowed = placements(table)
+    if allowed is not None and shard.placement not in allowed:
+        raise ValueError(
+            f"{owner}: table '{table.name}' keeps its rows in {kind_of(table)!r} row storage "
+            f"(TableConfig.storage), which a plan may place only as {list(allowed)}, but it "
+            f"is placed {shard.describe()}; place it so, or keep the table in memory"
+        )
 
 
 def _kind(table: ResolvedTable) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from embcore._validate import check_int
 from embcore.optimizers.base import Optimizer
 from embcore.sharding.plan import ShardingPlan, TableShard
-from embcore.sharding.planner._cost import candidates, cost
+from embcore.sharding.planner._cost import allowed, candidates, cost
 from embcore.sharding.planner._greedy import GreedyPlacement
 from embcore.sharding.planner._replication import (
     REPLICATE_MAX_BYTES,
@@ -30,6 +30,11 @@ def _override(t: PlannedTable, value: Any, world: int) -> list[TableShard]:
     ``table_wise:1``) that the scheme parses."""
     if isinstance(value, TableShard):
         _check_kind(t, value.scheme)
+        if not allowed(t, value):
+            raise ValueError(
+                f"plan: override {value.describe()} for table '{t.name}': its row storage "
+                f"(TableConfig.storage) takes only the placements {list(t.placements or ())}"
+            )
         return [value]
     if not isinstance(value, str):
         raise ValueError(
@@ -46,7 +51,13 @@ def _override(t: PlannedTable, value: Any, world: int) -> list[TableShard]:
             f"plan: unknown override {value!r} for table '{t.name}'; use one of {list(SCHEMES)}, "
             "'row_wise:div', 'row_wise:mod' or 'table_wise:<rank>'"
         )
-    return [TableShard.from_dict(p) for p in placements]
+    shards = [TableShard.from_dict(p) for p in placements]
+    if not any(allowed(t, s) for s in shards):
+        raise ValueError(
+            f"plan: override {value!r} for table '{t.name}': its row storage "
+            f"(TableConfig.storage) takes only the placements {list(t.placements or ())}"
+        )
+    return shards
 
 
 def _check_kind(t: PlannedTable, scheme: str) -> None:
@@ -129,7 +140,7 @@ def plan(
             placed.place(t, _override(t, overrides[t.name], world))
     replica = TableShard.data_parallel(world)
     for t in tables:  # replicas load every rank alike: place them before balancing the rest
-        if verdicts.get(t.name) and placed.fits(t, replica):
+        if verdicts.get(t.name) and allowed(t, replica) and placed.fits(t, replica):
             placed.place(t, [replica])
     for t in sorted(tables, key=lambda t: -t.bytes(t.vocab, t.dim)):
         if t.name not in placed.chosen:

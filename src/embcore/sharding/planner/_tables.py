@@ -4,10 +4,12 @@ and, when given, lookup statistics. See ``docs/sharding.md`` ("Plans")."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from embcore.config import ResolvedFeature, ResolvedTable, resolve
 from embcore.optimizers.base import Optimizer
+from embcore.rows import placements, planned_memory
 from embcore.sharding.schemes import PlannedTable, is_dynamic
 from embcore.sharding.schemes._cost import F32_BYTES
 
@@ -63,9 +65,19 @@ def planned_tables(
                 unique=min(float(rows), ids * unique_ratio),
                 element_wise=not any(s.rowwise for s in specs),
                 dynamic=is_dynamic(t),
+                placements=placements(t),
+                memory_of=_memory_of(t),
             )
         )
     return out
+
+
+def _memory_of(table: ResolvedTable) -> Any:
+    """``(rows, cols) -> bytes per tier`` as ``table``'s row storage reports it, or ``None``
+    (a dynamic table: the cost model's own estimate of its rows)."""
+    if is_dynamic(table) or planned_memory(table, 0, table.dim) is None:
+        return None
+    return partial(planned_memory, table)
 
 
 def expected_rows(table: ResolvedTable, stats: Any = None) -> int:

@@ -167,7 +167,9 @@ class Scheme(ABC):
         #: this rank's row storage of its piece (``None``: it holds nothing)
         self.rows: Any = None
         if mine is not None:
-            row_env = RowEnv(env.seed, env.device, env.storage_dtype, env.stochastic_rounding)
+            row_env = RowEnv(
+                env.seed, env.device, env.storage_dtype, env.stochastic_rounding, self.rank
+            )
             self.rows = make_rows(table, row_env, piece=mine)
 
     @property
@@ -299,6 +301,8 @@ class Scheme(ABC):
 
         Together, the ranks' chunks cover the tensor exactly once. May communicate.
         """
+        if (boxes := self._boxes(name)) is not None:
+            return self._placed(boxes.chunks())
         mine, piece = self.local(name), self.piece(self.rank)
         if mine is None or piece is None or mine.numel() == 0:
             return []
@@ -309,10 +313,30 @@ class Scheme(ABC):
     def load_chunks(self, name: str) -> list[tuple[tuple[int, ...], Tensor]]:
         """``(offsets, tensor)`` boxes a checkpoint load fills on this rank, then
         :meth:`finish_load` moves them into place (may communicate)."""
+        if (boxes := self._boxes(name)) is not None:
+            return self._placed(boxes.load_chunks())
         return self.save_chunks(name)
 
     def finish_load(self, name: str, chunks: list[tuple[tuple[int, ...], Tensor]]) -> None:
         """Loaded chunks go to the row storage (nothing to move when they were its live
         tensor); schemes with staging buffers override this."""
+        if (boxes := self._boxes(name)) is not None:
+            return boxes.finish_load(chunks)
         for _, tensor in chunks:
             self._put_local(name, tensor)
+
+    def _boxes(self, name: str) -> Any:
+        """The row storage's own stored tensor ``name`` when it hands a checkpoint boxes
+        read or written on demand (``streams_boxes``: a tier that does not hold its piece in
+        memory, such as a disk table), else ``None``."""
+        if self.rows is None or not getattr(self.rows, "streams_boxes", False):
+            return None
+        key = f"{self.table.name}.{name}"
+        return next(t for t in self.rows.tensors() if t.key == key)
+
+    def _placed(self, chunks: list[tuple[tuple[int, ...], Tensor]]) -> Any:
+        """Boxes at offsets in this rank's piece (contiguous rows), moved to the table's."""
+        piece = self.piece(self.rank)
+        assert piece is not None and piece.row_start is not None
+        start, col = piece.row_start, piece.cols[0]
+        return [((o[0] + start, *(c + col for c in o[1:])), box) for o, box in chunks]

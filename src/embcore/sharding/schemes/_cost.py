@@ -7,7 +7,8 @@ Each scheme estimates one table's per-rank memory and traffic under one placemen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = ["F32_BYTES", "I64_BYTES", "Cost", "PlannedTable"]
@@ -28,6 +29,10 @@ class PlannedTable:
         unique: distinct ids among them (at most ``vocab``).
         element_wise: whether the optimizer keeps no row-wise slot (column shards allowed).
         dynamic: a dynamic table: ``vocab`` is the rows it is expected to hold.
+        placements: the placements its row storage can hold (``"table_wise"``,
+            ``"row_wise:div"``...); ``None``: every one.
+        memory_of: ``(rows, cols) -> bytes per tier`` of a piece, as its row storage reports
+            it (:func:`embcore.rows.planned_memory`); ``None``: float32 rows and slots in RAM.
     """
 
     name: str
@@ -40,10 +45,19 @@ class PlannedTable:
     unique: float
     element_wise: bool
     dynamic: bool = False
+    placements: tuple[str, ...] | None = None
+    memory_of: Callable[[int, int], dict[str, int]] | None = field(default=None, compare=False)
+
+    def tiers(self, rows: int, cols: int) -> dict[str, int]:
+        """Bytes per tier (``"ram"``, ``"disk"``) of ``rows`` rows and ``cols`` columns,
+        weights plus optimizer slots (and a cache's bookkeeping)."""
+        if self.memory_of is not None:
+            return self.memory_of(rows, cols)
+        return {"ram": rows * (cols * self.col_bytes + self.row_bytes)}
 
     def bytes(self, rows: int, cols: int) -> int:
-        """Bytes of ``rows`` rows and ``cols`` columns, weights plus optimizer slots."""
-        return rows * (cols * self.col_bytes + self.row_bytes)
+        """Memory of ``rows`` rows and ``cols`` columns: every tier but the disk."""
+        return sum(v for tier, v in self.tiers(rows, cols).items() if tier != "disk")
 
     @property
     def batch_message(self) -> float:

@@ -48,6 +48,7 @@ class _Forward:
     inverse: Tensor  # (N_total,) position of each id (all features) in the unique ids
     order: Tensor  # unique ids sorted by shard (stable)
     counts: list[int]  # unique ids per shard
+    training: bool = False
 
 
 class RowWise(Scheme):
@@ -155,13 +156,17 @@ class RowWise(Scheme):
         local, order, counts = self._split(unique)
         for p, part in enumerate(torch.split(local, counts)):
             ex.send(self.owner[p], part)
-        return _Forward(batches, inverse, order, counts)
+        return _Forward(batches, inverse, order, counts, training)
 
     def lookup(self, inbox: Inbox, ex: Exchange, ctx: _Forward) -> None:
+        """Every rank's rows in one call of the row storage (a cache brings each in once)."""
         if self.rows is None:
             return
-        for src in range(self.world):
-            ex.send(src, self.rows.rows(inbox.take(src, I64).reshape(-1)))
+        asked = [occurrences(inbox.take(src, I64).reshape(-1)) for src in range(self.world)]
+        mapped = self.rows.map(asked, ctx.training)
+        weight = self.rows.state().weight  # after map: a cache may have grown for the call
+        for src, batch in enumerate(mapped):
+            ex.send(src, weight.index_select(0, batch.values.to(weight.device)).float())
 
     def output_dist(self, inbox: Inbox, ctx: _Forward) -> list[Tensor]:
         dim = self.table.dim
