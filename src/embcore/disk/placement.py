@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from embcore.config import ResolvedTable
-from embcore.disk._file import RecordLayout
 from embcore.disk import table as disk_table
+from embcore.disk._file import RecordLayout
 from embcore.disk.table import row_bytes, row_shapes
 from embcore.initializers import BLOCK_ROWS
 from embcore.storage import DiskStorage
