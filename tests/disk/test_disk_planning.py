@@ -117,3 +117,14 @@ def test_embcore_plan_prints_the_tiers_per_table_and_rank(tmp_path, capsys):
     err = capsys.readouterr().err
     assert 'tables[0]: storage must be "memory" or "disk", got \'ssd\'' in err
     assert "Traceback" not in err
+
+
+def test_the_planner_counts_what_a_built_table_in_memory_holds():
+    """In memory, the planned bytes of a table are its row storage's ``memory()`` once built."""
+    from embcore.rows import planned_memory
+
+    for opt in (ec.Adagrad(learning_rate=0.1), ec.RowwiseAdagrad(learning_rate=0.1), ec.Adam()):
+        table = ec.TableConfig(300, 24, name="m")
+        engine = ec.EmbeddingEngine({"f": ec.FeatureConfig(table=table)}, opt)
+        [resolved] = engine.tables
+        assert engine.store.rows[0].memory() == planned_memory(resolved, 300, 24)
