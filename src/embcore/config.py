@@ -105,7 +105,7 @@ class TableConfig:
         eviction: a dynamic table's ``Eviction``; ``None`` never evicts.
         storage: where the rows live: ``None`` in memory (or the engine's ``storage``);
             :class:`~embcore.DiskStorage` on local disk behind a RAM cache of rows, with
-            the numbers of the in-memory table (docs/disk_tables.md). Fixed tables only.
+            the numbers of the in-memory table (docs/disk_tables.md), fixed or dynamic.
     """
 
     vocabulary_size: int | None
@@ -146,20 +146,15 @@ class TableConfig:
                 f"{owner}: combiner must be one of {list(COMBINERS)}, got {self.combiner!r}"
             )
         check_bool(owner, "safe_lookup", self.safe_lookup)
-        _check_storage(owner, self.storage, self.vocabulary_size)
+        _check_storage(owner, self.storage)
 
 
-def _check_storage(owner: str, storage: Any, vocabulary_size: int | None) -> None:
-    """``storage``: ``None`` or a :class:`DiskStorage`, which holds fixed tables only."""
+def _check_storage(owner: str, storage: Any) -> None:
+    """``storage``: ``None`` or a :class:`DiskStorage` (fixed and dynamic tables)."""
     if storage is not None and not isinstance(storage, DiskStorage):
         raise ValueError(
             f"{owner}: storage must be an embcore.DiskStorage or None (in memory), got "
             f"{describe(storage)}"
-        )
-    if storage is not None and vocabulary_size is None:
-        raise ValueError(
-            f"{owner}: DiskStorage holds fixed tables (vocabulary_size set); a dynamic table "
-            "(vocabulary_size=None) stays in memory"
         )
 
 
@@ -348,7 +343,7 @@ def resolve(
         for i, cfg in enumerate(configs)
     ]
     if storage is not None:
-        _check_storage("EmbeddingEngine", storage, 0)
+        _check_storage("EmbeddingEngine", storage)
         tables = split_cache(tables, storage)
     return features, tables
 

@@ -71,10 +71,17 @@ class DiskTable:
         storage: where and how (its ``cache_bytes`` is not read: see ``cache_bytes``).
         seed: the engine's seed (the default initializer's).
         cache_bytes: this table's cache budget (at least one row is cached).
+        rows: records of the file (default: the vocabulary size; a dynamic table's file
+            starts small and grows, :mod:`embcore.disk.keyed`).
     """
 
     def __init__(
-        self, table: ResolvedTable, storage: DiskStorage, seed: int, cache_bytes: int
+        self,
+        table: ResolvedTable,
+        storage: DiskStorage,
+        seed: int,
+        cache_bytes: int,
+        rows: int | None = None,
     ) -> None:
         opt = table.optimizer
         if opt is not None and opt.slot_variable_creation_fn is not None:
@@ -90,14 +97,16 @@ class DiskTable:
                 "writing all of it; use lazy_adam=True, or keep the table in memory"
             )
         self.table, self.seed, self.storage = table, seed, storage
-        self.rows = int(table.vocabulary_size)
+        self.rows = int(table.vocabulary_size) if rows is None else rows
         shapes = row_shapes(table)
         self._init = {s.name: s.initial_value for s in opt.slot_specs()} if opt else {}
         layout = RecordLayout(table.dim, tuple((n, s) for n, s in shapes.items() if n != "weight"))
         self.file = RowFile(
             table.name, storage.directory, layout, self.rows, storage.direct_io, storage.io_threads
         )
-        self.capacity = max(1, min(self.rows, cache_bytes // row_bytes(table)))
+        self.capacity = max(1, cache_bytes // row_bytes(table))
+        if table.vocabulary_size is not None:
+            self.capacity = min(self.capacity, self.rows)
         self.cache = RowCache(
             table.name, self.capacity, shapes, lambda n: self._init.get(n, 0.0), self._write
         )
