@@ -29,6 +29,7 @@ from engine_cases import (
 )
 
 import embcore as ec
+from embcore.rows import RowEnv
 from embcore.rows.disk_keyed import DiskKeyedRows
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -194,6 +195,10 @@ def test_refuses_what_the_disk_cannot_hold(tmp_path) -> None:
     table = ec.TableConfig(None, 4, name="t", storage=ec.DiskStorage(tmp_path, 10_000))
     with pytest.raises(ValueError, match=r"table 't': Adam with lazy_adam=False"):
         ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, opt)
+    emb = ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, ec.SGD(learning_rate=0.1))
+    resolved, env = emb.store.rows[0].table, RowEnv(0, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"table 't': .* held by one process .*part=\['shard'\]"):
+        DiskKeyedRows(resolved, env, shard=True)  # a key shard of a sharded engine
 
 
 def test_key_index_is_counted_beside_the_cache(tmp_path) -> None:

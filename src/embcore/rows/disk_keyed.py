@@ -72,15 +72,12 @@ class DiskKeyedRows(nn.Module):
 
     def __init__(self, table: ResolvedTable, env: RowEnv, **part: Any) -> None:
         super().__init__()
-        if part:
+        if part or env.device.type != "cpu" or env.storage_dtype != torch.float32:
             raise ValueError(
-                f"table '{table.name}': a dynamic table in DiskStorage is held by one process; "
-                "sharding it is not supported (keep it out of the sharding plan, or in memory)"
-            )
-        if env.device.type != "cpu" or env.storage_dtype != torch.float32:
-            raise ValueError(
-                f"table '{table.name}': DiskStorage needs a CPU engine with float32 rows, got "
-                f"device={env.device}, storage_dtype={env.storage_dtype}"
+                f"table '{table.name}': a dynamic table in DiskStorage is held by one process "
+                "of a CPU engine with float32 rows (keep it out of the sharding plan, or in "
+                f"memory); got device={env.device}, storage_dtype={env.storage_dtype}, "
+                f"part={sorted(part)}"
             )
         cfg = table.config
         self.table, self.seed = table, env.seed
@@ -117,24 +114,25 @@ class DiskKeyedRows(nn.Module):
         """The batches with keys replaced by cache slots (the sink's: no row). A training
         lookup counts, admits (new rows born in the cache) and refreshes."""
         flat = _keys(batches)
-        with self._lock:
+        with self._lock:  # the key space only: the prefetch thread reads it, not the I/O
             if training:
                 self._reserve(flat)
                 admitted = self.space.train(flat)
                 rows = admitted.rows
-                self._bear(admitted.new_keys, admitted.new_rows)
             else:
                 rows = self.space.lookup(flat)
-            ids = np.where(rows >= 0, rows + 1, SINK)
-            out = self._slots(batches, ids, changed=False)
-            if training:
-                start = 0
-                for b in batches:
-                    n = b.values.numel()
-                    self._trained.append((b, ids[start : start + n], self.space.step))
-                    start += n
-                while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
-                    self._trained.popleft()
+        if training:
+            self._bear(admitted.new_keys, admitted.new_rows)
+        ids = np.where(rows >= 0, rows + 1, SINK)
+        out = self._slots(batches, ids, changed=False)
+        if training:
+            start = 0
+            for b in batches:
+                n = b.values.numel()
+                self._trained.append((b, ids[start : start + n], self.space.step))
+                start += n
+            while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
+                self._trained.popleft()
         return out
 
     def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
@@ -153,9 +151,9 @@ class DiskKeyedRows(nn.Module):
                 if step != self.space.step:  # an eviction may have freed or reused rows since
                     ids = np.where(self._ids_now(b) == ids, ids, SINK)
                 parts.append(ids)
-            ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            self.dropped_gradients += int((ids == SINK).sum())
-            return self._slots(batches, ids, changed=True)
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        self.dropped_gradients += int((ids == SINK).sum())
+        return self._slots(batches, ids, changed=True)
 
     def _ids_now(self, batch: FeatureBatch) -> np.ndarray:
         rows = self.space.lookup(_keys([batch]))
@@ -171,11 +169,11 @@ class DiskKeyedRows(nn.Module):
     def end_step(self) -> None:
         """Reset the sink, evict (the freed rows leave the cache unwritten), step += 1; a
         cache that grew for an oversized step empties itself."""
+        self.disk.reset_sink()
         with self._lock:
-            self.disk.reset_sink()
             evicted = self.space.end_step()
-            if evicted.rows.size:
-                self.disk.discard(evicted.rows + 1)
+        if evicted.rows.size:
+            self.disk.discard(evicted.rows + 1)
         self.disk.end_step()
 
     def prefetch(self, batches: Sequence[FeatureBatch]) -> None:
