@@ -19,15 +19,17 @@ import embcore as ec
 from embcore.checkpoint import CheckpointError, _delta, _dynamic
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_save_load_then_train_equals_training_without_interruption(tmp_path, pipeline):
-    engine = make_engine(pipeline)
+@pytest.mark.parametrize(("pipeline", "disk"), [(False, False), (True, False), (True, True)])
+def test_save_load_then_train_equals_training_without_interruption(tmp_path, pipeline, disk):
+    """``disk``: the dynamic tables in DiskStorage, with caches of a few rows, on both sides."""
+    rows = (lambda name: tmp_path / name) if disk else (lambda name: None)
+    engine = make_engine(pipeline, rows=rows("rows"))
     for step in range(7):
         train_step(engine, step)
     ec.checkpoint.save(engine, tmp_path / "c")
     saved = snapshot(engine)
     assert saved["user:pending/keys"].numel() > 0  # some keys were waiting for admission
-    resumed = make_engine(pipeline)
+    resumed = make_engine(pipeline, rows=rows("resumed"))
     ec.checkpoint.load(resumed, tmp_path / "c")
     assert_same(snapshot(resumed), saved)
     for step in range(7, 12):
@@ -139,8 +141,11 @@ def test_a_delta_after_a_restart_reads_its_base_from_disk(tmp_path):
     assert_same(snapshot(fresh), snapshot(engine))
 
 
-def test_a_delta_is_proportional_to_the_rows_touched(tmp_path):
-    table = ec.TableConfig(vocabulary_size=None, dim=16, name="user")
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_delta_is_proportional_to_the_rows_touched(tmp_path, disk):
+    """``disk``: the table in DiskStorage (a cache of 100 rows): its deltas are the same."""
+    storage = ec.DiskStorage(tmp_path / "rows", 100 * (4 * 32 + 40)) if disk else None
+    table = ec.TableConfig(vocabulary_size=None, dim=16, name="user", storage=storage)
     engine = ec.EmbeddingEngine({"u": ec.FeatureConfig(table=table)}, ec.Adagrad(0.1), seed=1)
     keys = torch.arange(40_000, dtype=torch.int64) * 7919 - 10**12
 
