@@ -286,8 +286,8 @@ def resolve(
 ) -> tuple[list[ResolvedFeature], list[ResolvedTable]]:
     """Flatten and check a feature structure; order, name and equip its tables.
 
-    ``storage``: the engine's default for fixed tables without their own; its
-    ``cache_bytes`` is split between them (:func:`split_cache`).
+    ``storage``: the engine's default for tables without their own; its ``cache_bytes`` is
+    split between them (:func:`split_cache`).
 
     Returns:
         The features in ``tf.nest`` order and the tables in order of first use.
@@ -349,15 +349,20 @@ def resolve(
 
 
 def split_cache(tables: list[ResolvedTable], storage: DiskStorage) -> list[ResolvedTable]:
-    """Give ``storage`` to the fixed tables without a storage of their own, splitting its
+    """Give ``storage`` to the tables without a storage of their own, splitting its
     ``cache_bytes`` evenly (every table sees one lookup per sample, whatever its size): a
-    table smaller than its share takes its size (RAM a cached row costs, times its rows),
-    and the others share the rest evenly."""
-    left = [t for t in tables if t.storage is None and t.vocabulary_size is not None]
-    size = {t.index: t.vocabulary_size * cached_row_bytes(t.dim, _slot_floats(t)) for t in left}
+    fixed table smaller than its share takes its size (RAM a cached row costs, times its
+    rows), and the others (dynamic tables among them) share the rest evenly."""
+    left = [t for t in tables if t.storage is None]
+    size = {
+        t.index: t.vocabulary_size * cached_row_bytes(t.dim, _slot_floats(t))
+        if t.vocabulary_size is not None
+        else float("inf")
+        for t in left
+    }
     budget, share = storage.cache_bytes, {}
     for i, t in enumerate(sorted(left, key=lambda t: size[t.index])):
-        share[t.index] = min(size[t.index], budget // (len(left) - i))
+        share[t.index] = int(min(size[t.index], budget // (len(left) - i)))
         budget -= share[t.index]
     return [
         replace(t, storage=replace(storage, cache_bytes=max(1, share[t.index])))
