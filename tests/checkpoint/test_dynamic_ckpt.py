@@ -46,12 +46,14 @@ def test_save_load_then_train_equals_training_without_interruption(tmp_path, pip
     assert table["eviction"] == {"steps_to_live": 3, "max_rows": 20}
 
 
-def test_a_lookup_only_engine_loads_the_rows_without_their_slots(tmp_path):
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_lookup_only_engine_loads_the_rows_without_their_slots(tmp_path, disk):
+    """``disk``: the serving engine's dynamic tables in DiskStorage (caches of a few rows)."""
     engine = make_engine()
     for step in range(5):
         train_step(engine, step)
     ec.checkpoint.save(engine, tmp_path / "c")
-    serving = make_engine(lookup_only=True)
+    serving = make_engine(lookup_only=True, rows=tmp_path / "rows" if disk else None)
     ec.checkpoint.load(serving, tmp_path / "c")
     want = snapshot(engine)
     slots = ("accumulators", "momenta", "velocities")
