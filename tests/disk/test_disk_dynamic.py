@@ -6,7 +6,9 @@ into either kind. The in-memory dynamic table is the yardstick (tests/dynamic ch
 
 from __future__ import annotations
 
+import errno
 import gc
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -29,6 +31,7 @@ from engine_cases import (
 )
 
 import embcore as ec
+from embcore.disk import DiskTableError
 from embcore.rows import RowEnv
 from embcore.rows.disk_keyed import DiskKeyedRows
 
@@ -245,3 +248,29 @@ def test_checkpoint_and_delta_round_trip(rows: int, tmp_path) -> None:
     ec.checkpoint.load(reference, tmp_path / "delta")
     ec.checkpoint.load(again, tmp_path / "from-memory")
     assert_same(reference, again, LOADED)
+
+
+def test_a_full_disk_stops_training_until_a_checkpoint_is_loaded(tmp_path, monkeypatch) -> None:
+    """A training step whose write-back fails has counted and admitted its keys: the table
+    refuses further steps (one clear error) until a checkpoint is loaded, then trains on as
+    the in-memory table loaded from the same checkpoint."""
+    memory, disk = pair(CASES["adagrad"], tmp_path / "run", 3)
+    run_and_compare(memory, disk, steps=STEPS[:2])
+    ec.checkpoint.save(disk, tmp_path / "c")
+    real = os.pwritev
+    monkeypatch.setattr(os, "pwritev", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "")))
+    rng = np.random.default_rng(11)
+    with pytest.raises(DiskTableError, match=r"the disk is full.*restore the engine from a check"):
+        for size in STEPS:  # the cache fills with changed rows, then must write some back
+            batch = scenario_batch(rng, size)
+            keyed = nested(
+                {p: as_keys(get_path(batch.features, p), FEATURE_TABLE[p]) for p in FEATURE_PATHS}
+            )
+            scenario_step(disk, keyed, batch.weights, random_gradients(rng, batch), "backward")
+    monkeypatch.setattr(os, "pwritev", real)
+    with pytest.raises(DiskTableError, match=r"refuses further steps"):
+        run_and_compare(memory, disk, steps=STEPS[:1])
+    for e in (memory, disk):
+        ec.checkpoint.load(e, tmp_path / "c")
+    run_and_compare(memory, disk, seed=12, steps=STEPS[2:5])
+    assert_same(memory, disk, LOADED)

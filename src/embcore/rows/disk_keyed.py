@@ -19,6 +19,7 @@ in-memory dynamic table. See docs/disk_tables.md.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 
 from embcore import ops
 from embcore.config import ResolvedTable
+from embcore.disk._file import DiskTableError
 from embcore.disk.keyed import SINK, KeyedDiskTable
 from embcore.disk.table import _CHUNK, row_shapes
 from embcore.dynamic import state_check
@@ -88,6 +90,7 @@ class DiskKeyedRows(nn.Module):
         # (original batch, its ids as looked up, key-space step at the lookup), oldest first
         self._trained: deque[tuple[FeatureBatch, np.ndarray, int]] = deque()
         self._lock = threading.Lock()  # the key space against the prefetch thread
+        self._broken: str | None = None  # why the table refuses steps until a load
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -113,6 +116,7 @@ class DiskKeyedRows(nn.Module):
     def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:
         """The batches with keys replaced by cache slots (the sink's: no row). A training
         lookup counts, admits (new rows born in the cache) and refreshes."""
+        self._check_usable()
         flat = _keys(batches)
         with self._lock:  # the key space only: the prefetch thread reads it, not the I/O
             if training:
@@ -124,7 +128,7 @@ class DiskKeyedRows(nn.Module):
         if training:
             self._bear(admitted.new_keys, admitted.new_rows)
         ids = np.where(rows >= 0, rows + 1, SINK)
-        out = self._slots(batches, ids, changed=False)
+        out = self._slots(batches, ids, changed=False, training=training)
         if training:
             start = 0
             for b in batches:
@@ -139,6 +143,7 @@ class DiskKeyedRows(nn.Module):
         """The cache slots of the ids the batches' training lookup gave them; an id whose key
         no longer holds it (evicted since) is the sink's (gradient dropped); a batch never
         looked up for training takes the rows its keys hold now."""
+        self._check_usable()
         with self._lock:
             parts = []
             for b in batches:
@@ -153,7 +158,7 @@ class DiskKeyedRows(nn.Module):
                 parts.append(ids)
         ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         self.dropped_gradients += int((ids == SINK).sum())
-        return self._slots(batches, ids, changed=True)
+        return self._slots(batches, ids, changed=True, training=True)
 
     def _ids_now(self, batch: FeatureBatch) -> np.ndarray:
         rows = self.space.lookup(_keys([batch]))
@@ -199,13 +204,30 @@ class DiskKeyedRows(nn.Module):
             raise
         self.disk.bear(rows + 1, torch.from_numpy(weight))
 
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise DiskTableError(errno.EIO, self._broken)
+
     def _slots(
-        self, batches: Sequence[FeatureBatch], ids: np.ndarray, changed: bool
+        self, batches: Sequence[FeatureBatch], ids: np.ndarray, changed: bool, training: bool
     ) -> list[FeatureBatch]:
+        """Cache slots of ``ids`` split by batch. A training step whose rows cannot be read or
+        written (a full disk) has counted and admitted its keys already: the table then
+        refuses further steps until a checkpoint is loaded."""
         if ids.size == 0:
             return list(batches)
         unique, inverse = np.unique(ids, return_inverse=True)
-        mapped = self.disk.slots(unique, changed)[inverse.reshape(-1)]
+        try:
+            mapped = self.disk.slots(unique, changed)[inverse.reshape(-1)]
+        except DiskTableError as e:
+            if training:
+                self._broken = (
+                    f"{e} -- table '{self.table.name}' is dynamic: the failed training step had "
+                    "counted and admitted its keys already, so the table refuses further steps: "
+                    "restore the engine from a checkpoint (ec.checkpoint.load)"
+                )
+                raise DiskTableError(e.errno or errno.EIO, self._broken) from e
+            raise
         out, start = [], 0
         for b in batches:
             n = b.values.numel()
@@ -302,9 +324,14 @@ class DiskKeyedRows(nn.Module):
         space = KeySpace.from_state(name, arrays, cfg.admission, cfg.eviction)
         values = {k: torch.as_tensor(state[k]) for k in row_shapes(self.table)}
         with self._lock:
-            self.disk.load_rows(values)
+            try:
+                self.disk.load_rows(values)
+            except DiskTableError as e:
+                self._broken = f"{e} -- the table was being loaded: load a checkpoint again"
+                raise
             self.space = space
             self._trained.clear()
+            self._broken = None
 
 
 def _keys(batches: Sequence[FeatureBatch]) -> np.ndarray:
