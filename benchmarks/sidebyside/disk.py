@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from sidebyside import disk_dynamic
 from sidebyside.workloads import WORKLOADS, Workload, make_batches
 
 __all__ = ["CRITEO_1TB", "run", "section"]
@@ -189,13 +190,22 @@ def child(config: str) -> None:
     features = {f"f{i}": ec.FeatureConfig(t) for i, t in enumerate(tables)}
     storage = ec.DiskStorage(cfg["dir"], cfg["cache_bytes"], io_threads=cfg["depth"])
     start = time.perf_counter()
-    engine = ec.EmbeddingEngine(features, ec.RowwiseAdagrad(learning_rate=0.01), storage=storage)
+    if cfg["dynamic"]:  # W3's raw keys in dynamic tables, the same ids
+        engine = disk_dynamic.engine(w, cfg)
+    else:
+        opt = ec.RowwiseAdagrad(learning_rate=0.01)
+        engine = ec.EmbeddingEngine(features, opt, storage=storage)
     out["create_s"] = time.perf_counter() - start
     disks = [r.disk for r in engine.store.rows]
     out["disk_bytes_created"] = sum(d.file.disk_bytes for d in disks)
     start = time.perf_counter()
-    for d in disks:
-        _prefill(d)
+    if cfg["dynamic"]:
+        disk_dynamic.prefill(engine, w)
+        w = disk_dynamic.raw(w)
+        out["index_bytes"] = sum(engine.table_info(t)["index_bytes"] for t in engine.table_names)
+    else:
+        for d in disks:
+            _prefill(d)
     out["prefill_s"] = time.perf_counter() - start
     out["disk_bytes"] = sum(d.file.disk_bytes for d in disks)
     out["capacity"] = {d.table.name: d.capacity for d in disks}  # engine order is not t0..t25
@@ -280,28 +290,44 @@ def run(options: dict[str, Any], log: Any = print) -> dict[str, Any]:
     log(f"W4: {sum(w.vocab):,} rows, disk rates at queue depth 1 and {options['depth']} ...")
     results["disk"] = disk_rates(directory, options["depth"])
     log(f"  {results['disk']}")
-    group = _in_cgroup(options["limit"])
-    results["cgroup"] = str(group) if group else None
-    config = dict(options, dir=str(directory / "rows"), result=str(directory / "child.json"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    join = None if group is None else lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
-    log(f"  training inside {group or 'no cgroup (none available)'} ...")
-    code = f"from sidebyside.disk import child; child({json.dumps(config)!r})"
-    done = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=join, check=False)
-    if group is not None:
-        results["peak_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
-        results["limit_hits"] = int((group / "memory.failcnt").read_text())
-        results["oom_kills"] = _oom_kills(group)
-    results["exit_code"] = done.returncode
-    if done.returncode == 0:
-        results.update(json.loads(Path(config["result"]).read_text()))
+    results.update(_train(options, directory, dynamic=False, log=log))
+    if results["exit_code"] == 0:
         results["belady"] = _ideal(w, options, results["capacity"])
+    if options.get("dynamic", True):
+        results["dynamic"] = _train(options, directory, dynamic=True, log=log)
     shutil.rmtree(directory, ignore_errors=True)
-    if group is not None:
-        group.rmdir()
     log("  W1 in memory, same steps ...")
     results["w1_step_s"] = _w1_memory_step(options["steps"], options["warmup"], options["threads"])
     return results
+
+
+def _train(options: dict[str, Any], directory: Path, dynamic: bool, log: Any) -> dict[str, Any]:
+    """One training process inside its own cgroup (the dynamic set's limit is raised by its
+    key indexes' allowance); its results, peak memory and exit code."""
+    rows = sum(workload(options["cap"]).vocab)
+    limit = options["limit"] + (rows * disk_dynamic.INDEX_BYTES_PER_KEY if dynamic else 0)
+    out: dict[str, Any] = {"limit": limit}
+    group = _in_cgroup(limit)
+    out["cgroup"] = str(group) if group else None
+    rows_dir = directory / ("dynamic" if dynamic else "rows")
+    result = directory / f"child-{int(dynamic)}.json"
+    config = dict(options, dir=str(rows_dir), result=str(result), dynamic=dynamic)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    join = None if group is None else lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
+    what = "dynamic tables (W3's raw keys)" if dynamic else "fixed tables"
+    log(f"  training the {what} inside {group or 'no cgroup (none available)'} ...")
+    code = f"from sidebyside.disk import child; child({json.dumps(config)!r})"
+    done = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=join, check=False)
+    if group is not None:
+        out["peak_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
+        out["limit_hits"] = int((group / "memory.failcnt").read_text())
+        out["oom_kills"] = _oom_kills(group)
+        group.rmdir()
+    out["exit_code"] = done.returncode
+    if done.returncode == 0:
+        out.update(json.loads(result.read_text()))
+    shutil.rmtree(rows_dir, ignore_errors=True)
+    return out
 
 
 def _oom_kills(group: Path) -> int:
@@ -345,37 +371,37 @@ def section(results: dict[str, Any], command: str, load: str) -> str:
         f"RowwiseAdagrad, every table in DiskStorage with one {o['cache_bytes'] // mib} MiB "
         f"cache, {o['depth']} requests in flight, every row written once before timing, the "
         f"training process inside a {o['limit'] // mib} MiB memory cgroup (page cache "
-        f"included). Command: `{command}`; load average at the start: {load}.\n\n"
+        f"included). Beside it, the same ids as W3's raw 64-bit keys in dynamic tables "
+        "(admitted on first sight, never evicted; every key admitted and its row written "
+        "before timing), each table with the cache the fixed table of its size gets. "
+        f"Command: `{command}`; load average at the start: {load}.\n\n"
     )
     if results.get("exit_code") != 0:
         return head + f"The training process failed (exit code {results.get('exit_code')}).\n"
-    step = float(np.median(results["step_s"]))
-    per = results["per_step"]
+    w1, per = results["w1_step_s"], results["per_step"]
     read_rate, write_rate = d[f"read_qd{o['depth']}"], d[f"write_qd{o['depth']}"]
     floor = per["rows_read"] / read_rate + per["rows_written"] / write_rate
-    w1 = results["w1_step_s"]
-    bound = max(floor, w1)
+    step = float(np.median(results["step_s"]))
     hit = per["hits"] / max(1, per["hits"] + per["misses"])
     belady = results["belady"]["hit_rate"]
-    moved = f"{per['bytes_read'] / 1e6:.1f}, {per['bytes_written'] / 1e6:.1f}"
+    sets = [_figures(results, o, d, w1, belady, results["rows"])]
+    dyn = results.get("dynamic")
+    if dyn is not None:
+        sets.append(
+            _figures(dyn, o, d, w1, belady, results["rows"]) if dyn["exit_code"] == 0 else None
+        )
     qd = f"QD 1 / QD {o['depth']}"
-    created = f"{results['create_s']:.2f} s; {results['disk_bytes_created'] / 1e6:.1f} MB"
-    filled = f"{results['prefill_s']:.0f} s; {results['disk_bytes'] / 1e9:.2f} GB"
-    rows = [
-        ("W4 step (median of timed steps)", f"{step * 1e3:.0f} ms"),
+    shared = [
         ("W1 step in memory (same steps, outside the cgroup)", f"{w1 * 1e3:.0f} ms"),
-        ("I/O floor: rows read / read rate + rows written / write rate", f"{floor * 1e3:.0f} ms"),
-        ("W4 step / max(W1 step, I/O floor)", f"{step / bound:.2f}x (target 1.5x)"),
-        ("hit rate / Belady's ideal cache on the same ids", f"{hit:.3f} / {belady:.3f}"),
-        ("rows read, written per step", f"{per['rows_read']:,.0f}, {per['rows_written']:,.0f}"),
-        ("MB read, written per step", moved),
         (f"disk: random 4 KiB reads/s, {qd}", f"{d['read_qd1']:,.0f} / {read_rate:,.0f}"),
         (f"disk: random 4 KiB writes/s, {qd}", f"{d['write_qd1']:,.0f} / {write_rate:,.0f}"),
-        ("peak memory (cgroup, page cache included) / limit", _peak(results, o)),
-        ("creating the engine; its files on disk after", created),
-        ("writing every row once; the files on disk after", filled),
     ]
-    table = "| measure | value |\n|---|---|\n" + "".join(f"| {a} | {b} |\n" for a, b in rows)
+    names = ["fixed tables", "dynamic tables, W3's raw keys"][: len(sets)]
+    table = "| measure | " + " | ".join(names) + " |\n|---|" + "---|" * len(sets) + "\n"
+    for n, (label, _) in enumerate(sets[0]):
+        cells = [s_[n][1] if s_ is not None else "failed" for s_ in sets]
+        table += f"| {label} | " + " | ".join(cells) + " |\n"
+    table += "".join(f"| {a} | " + " | ".join([b] * len(sets)) + " |\n" for a, b in shared)
     bounded = "the disk (its I/O floor is above W1's step)" if floor > w1 else "the CPU (W1)"
     tail = (
         f"\nWhat bounds W4 here: {bounded}. The step takes {step / floor:.2f}x the time the "
@@ -383,9 +409,43 @@ def section(results: dict[str, Any], command: str, load: str) -> str:
         f"({per['rows_read'] + per['rows_written']:,.0f} random 512-byte transfers a step), "
         f"and its cache hits {hit / belady:.0%} of what an ideal cache of the same size would "
         "on the same ids. The training process's memory, page cache included, stayed within "
-        "the cgroup's limit (row above).\n"
+        "the cgroup's limit (row above). The dynamic tables' process may also hold their key "
+        f"indexes: its limit is {disk_dynamic.INDEX_BYTES_PER_KEY} bytes a key higher.\n"
     )
     return head + table + tail
+
+
+def _figures(
+    res: dict[str, Any],
+    o: dict[str, Any],
+    d: dict[str, float],
+    w1: float,
+    belady: float,
+    keys: int,
+) -> list[tuple[str, str]]:
+    """One set's column of the W4 table (``keys``: the tables' rows)."""
+    step = float(np.median(res["step_s"]))
+    per = res["per_step"]
+    read_rate, write_rate = d[f"read_qd{o['depth']}"], d[f"write_qd{o['depth']}"]
+    floor = per["rows_read"] / read_rate + per["rows_written"] / write_rate
+    hit = per["hits"] / max(1, per["hits"] + per["misses"])
+    moved = f"{per['bytes_read'] / 1e6:.1f}, {per['bytes_written'] / 1e6:.1f}"
+    index = res.get("index_bytes")
+    return [
+        ("W4 step (median of timed steps)", f"{step * 1e3:.0f} ms"),
+        ("I/O floor: rows read / read rate + rows written / write rate", f"{floor * 1e3:.0f} ms"),
+        ("W4 step / max(W1 step, I/O floor)", f"{step / max(floor, w1):.2f}x (target 1.5x)"),
+        ("hit rate / Belady's ideal cache on the same ids", f"{hit:.3f} / {belady:.3f}"),
+        ("rows read, written per step", f"{per['rows_read']:,.0f}, {per['rows_written']:,.0f}"),
+        ("MB read, written per step", moved),
+        ("peak memory (cgroup, page cache included) / limit", _peak(res, o)),
+        ("key index in RAM (besides the cache)", "none" if index is None else
+         f"{index / 1e6:.1f} MB, {index / keys:.0f} B a key"),
+        ("creating the engine; its files on disk after",
+         f"{res['create_s']:.2f} s; {res['disk_bytes_created'] / 1e6:.1f} MB"),
+        ("writing every row once; the files on disk after",
+         f"{res['prefill_s']:.0f} s; {res['disk_bytes'] / 1e9:.2f} GB"),
+    ]  # fmt: skip
 
 
 def _peak(results: dict[str, Any], o: dict[str, Any]) -> str:
@@ -393,6 +453,6 @@ def _peak(results: dict[str, Any], o: dict[str, Any]) -> str:
     if results.get("peak_bytes") is None:
         return f"no cgroup here; the process's peak RSS {results['rss_peak_bytes'] // mib} MiB"
     return (
-        f"{results['peak_bytes'] // mib} MiB / {o['limit'] // mib} MiB (limit reached "
+        f"{results['peak_bytes'] // mib} MiB / {results['limit'] // mib} MiB (limit reached "
         f"{results['limit_hits']} times, {results['oom_kills']} OOM kills)"
     )

@@ -105,7 +105,7 @@ class TableConfig:
         eviction: a dynamic table's ``Eviction``; ``None`` never evicts.
         storage: where the rows live: ``None`` in memory (or the engine's ``storage``);
             :class:`~embcore.DiskStorage` on local disk behind a RAM cache of rows, with
-            the numbers of the in-memory table (docs/disk_tables.md). Fixed tables only.
+            the numbers of the in-memory table (docs/disk_tables.md), fixed or dynamic.
     """
 
     vocabulary_size: int | None
@@ -146,20 +146,15 @@ class TableConfig:
                 f"{owner}: combiner must be one of {list(COMBINERS)}, got {self.combiner!r}"
             )
         check_bool(owner, "safe_lookup", self.safe_lookup)
-        _check_storage(owner, self.storage, self.vocabulary_size)
+        _check_storage(owner, self.storage)
 
 
-def _check_storage(owner: str, storage: Any, vocabulary_size: int | None) -> None:
-    """``storage``: ``None`` or a :class:`DiskStorage`, which holds fixed tables only."""
+def _check_storage(owner: str, storage: Any) -> None:
+    """``storage``: ``None`` or a :class:`DiskStorage` (fixed and dynamic tables)."""
     if storage is not None and not isinstance(storage, DiskStorage):
         raise ValueError(
             f"{owner}: storage must be an embcore.DiskStorage or None (in memory), got "
             f"{describe(storage)}"
-        )
-    if storage is not None and vocabulary_size is None:
-        raise ValueError(
-            f"{owner}: DiskStorage holds fixed tables (vocabulary_size set); a dynamic table "
-            "(vocabulary_size=None) stays in memory"
         )
 
 
@@ -291,8 +286,8 @@ def resolve(
 ) -> tuple[list[ResolvedFeature], list[ResolvedTable]]:
     """Flatten and check a feature structure; order, name and equip its tables.
 
-    ``storage``: the engine's default for fixed tables without their own; its
-    ``cache_bytes`` is split between them (:func:`split_cache`).
+    ``storage``: the engine's default for tables without their own; its ``cache_bytes`` is
+    split between them (:func:`split_cache`).
 
     Returns:
         The features in ``tf.nest`` order and the tables in order of first use.
@@ -348,21 +343,26 @@ def resolve(
         for i, cfg in enumerate(configs)
     ]
     if storage is not None:
-        _check_storage("EmbeddingEngine", storage, 0)
+        _check_storage("EmbeddingEngine", storage)
         tables = split_cache(tables, storage)
     return features, tables
 
 
 def split_cache(tables: list[ResolvedTable], storage: DiskStorage) -> list[ResolvedTable]:
-    """Give ``storage`` to the fixed tables without a storage of their own, splitting its
+    """Give ``storage`` to the tables without a storage of their own, splitting its
     ``cache_bytes`` evenly (every table sees one lookup per sample, whatever its size): a
-    table smaller than its share takes its size (RAM a cached row costs, times its rows),
-    and the others share the rest evenly."""
-    left = [t for t in tables if t.storage is None and t.vocabulary_size is not None]
-    size = {t.index: t.vocabulary_size * cached_row_bytes(t.dim, _slot_floats(t)) for t in left}
+    fixed table smaller than its share takes its size (RAM a cached row costs, times its
+    rows), and the others (dynamic tables among them) share the rest evenly."""
+    left = [t for t in tables if t.storage is None]
+    size = {
+        t.index: t.vocabulary_size * cached_row_bytes(t.dim, _slot_floats(t))
+        if t.vocabulary_size is not None
+        else float("inf")
+        for t in left
+    }
     budget, share = storage.cache_bytes, {}
     for i, t in enumerate(sorted(left, key=lambda t: size[t.index])):
-        share[t.index] = min(size[t.index], budget // (len(left) - i))
+        share[t.index] = int(min(size[t.index], budget // (len(left) - i)))
         budget -= share[t.index]
     return [
         replace(t, storage=replace(storage, cache_bytes=max(1, share[t.index])))

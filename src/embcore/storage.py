@@ -49,8 +49,9 @@ class DiskStorage:
             depth), >= 1.
     """
 
-    #: the row storage kind it selects (``embcore.rows.ROWS``)
+    #: the row storage kind it selects (``embcore.rows.ROWS``): fixed tables', dynamic ones'
     kind: ClassVar[str] = "disk"
+    keyed_kind: ClassVar[str] = "disk_keyed"
 
     directory: str | os.PathLike[str]
     cache_bytes: int

@@ -31,15 +31,19 @@ def make_engine(
     dim: int = 4,
     lookup_only: bool = False,
     item_optimizer: ec.Optimizer | None = None,
+    rows: os.PathLike | None = None,
 ) -> ec.EmbeddingEngine:
     """``lookup_only``: no optimizer anywhere (a serving engine); ``item_optimizer``: the
-    dynamic table ``item``'s, instead of Adam."""
+    dynamic table ``item``'s, instead of Adam; ``rows``: both dynamic tables in DiskStorage
+    there, with caches of a few rows."""
+    disk = {} if rows is None else {"storage": ec.DiskStorage(rows, cache_bytes=3 * 100)}
     user = ec.TableConfig(
         vocabulary_size=None,
         dim=dim,
         name="user",
         admission=ec.CountAdmission(min_count=2),
         eviction=ec.Eviction(steps_to_live=3, max_rows=20),
+        **disk,
     )
     item = ec.TableConfig(
         vocabulary_size=None,
@@ -48,6 +52,7 @@ def make_engine(
         combiner="sum",
         optimizer=None if lookup_only else item_optimizer or ec.Adam(learning_rate=0.05),
         eviction=ec.Eviction(steps_to_live=4),
+        **disk,
     )
     fixed = ec.TableConfig(vocabulary_size=7, dim=2, name="fixed")
     features = {

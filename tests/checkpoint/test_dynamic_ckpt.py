@@ -19,15 +19,17 @@ import embcore as ec
 from embcore.checkpoint import CheckpointError, _delta, _dynamic
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_save_load_then_train_equals_training_without_interruption(tmp_path, pipeline):
-    engine = make_engine(pipeline)
+@pytest.mark.parametrize(("pipeline", "disk"), [(False, False), (True, False), (True, True)])
+def test_save_load_then_train_equals_training_without_interruption(tmp_path, pipeline, disk):
+    """``disk``: the dynamic tables in DiskStorage, with caches of a few rows, on both sides."""
+    rows = (lambda name: tmp_path / name) if disk else (lambda name: None)
+    engine = make_engine(pipeline, rows=rows("rows"))
     for step in range(7):
         train_step(engine, step)
     ec.checkpoint.save(engine, tmp_path / "c")
     saved = snapshot(engine)
     assert saved["user:pending/keys"].numel() > 0  # some keys were waiting for admission
-    resumed = make_engine(pipeline)
+    resumed = make_engine(pipeline, rows=rows("resumed"))
     ec.checkpoint.load(resumed, tmp_path / "c")
     assert_same(snapshot(resumed), saved)
     for step in range(7, 12):
@@ -44,12 +46,14 @@ def test_save_load_then_train_equals_training_without_interruption(tmp_path, pip
     assert table["eviction"] == {"steps_to_live": 3, "max_rows": 20}
 
 
-def test_a_lookup_only_engine_loads_the_rows_without_their_slots(tmp_path):
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_lookup_only_engine_loads_the_rows_without_their_slots(tmp_path, disk):
+    """``disk``: the serving engine's dynamic tables in DiskStorage (caches of a few rows)."""
     engine = make_engine()
     for step in range(5):
         train_step(engine, step)
     ec.checkpoint.save(engine, tmp_path / "c")
-    serving = make_engine(lookup_only=True)
+    serving = make_engine(lookup_only=True, rows=tmp_path / "rows" if disk else None)
     ec.checkpoint.load(serving, tmp_path / "c")
     want = snapshot(engine)
     slots = ("accumulators", "momenta", "velocities")
@@ -139,8 +143,11 @@ def test_a_delta_after_a_restart_reads_its_base_from_disk(tmp_path):
     assert_same(snapshot(fresh), snapshot(engine))
 
 
-def test_a_delta_is_proportional_to_the_rows_touched(tmp_path):
-    table = ec.TableConfig(vocabulary_size=None, dim=16, name="user")
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_delta_is_proportional_to_the_rows_touched(tmp_path, disk):
+    """``disk``: the table in DiskStorage (a cache of 100 rows): its deltas are the same."""
+    storage = ec.DiskStorage(tmp_path / "rows", 100 * (4 * 32 + 40)) if disk else None
+    table = ec.TableConfig(vocabulary_size=None, dim=16, name="user", storage=storage)
     engine = ec.EmbeddingEngine({"u": ec.FeatureConfig(table=table)}, ec.Adagrad(0.1), seed=1)
     keys = torch.arange(40_000, dtype=torch.int64) * 7919 - 10**12
 

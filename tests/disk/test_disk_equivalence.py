@@ -131,9 +131,9 @@ def test_default_initializer_and_lazy_blocks(tmp_path, monkeypatch) -> None:
 
 
 def test_engine_default_storage_is_shared(tmp_path) -> None:
-    """``EmbeddingEngine(storage=)`` puts the fixed tables without their own storage on disk,
-    splitting ``cache_bytes`` evenly: a table smaller than its share takes its size, the
-    others share the rest."""
+    """``EmbeddingEngine(storage=)`` puts the tables without their own storage on disk,
+    splitting ``cache_bytes`` evenly: a fixed table smaller than its share takes its size,
+    the others (a dynamic one among them) share the rest."""
     opt = ec.SGD(learning_rate=0.1)
     small = ec.TableConfig(4, 2, name="small")
     big = ec.TableConfig(1000, 2, name="big")
@@ -141,12 +141,15 @@ def test_engine_default_storage_is_shared(tmp_path) -> None:
     features = {n: ec.FeatureConfig(t) for n, t in (("s", small), ("b", big), ("o", own))}
     medium = ec.TableConfig(300, 2, name="medium")
     features["m"] = ec.FeatureConfig(medium)
-    budget = cache_bytes(4 + 2 * 100, 2, opt)
+    features["d"] = ec.FeatureConfig(ec.TableConfig(None, 2, name="dynamic"))
+    budget = cache_bytes(4 + 3 * 100, 2, opt)
     engine = ec.EmbeddingEngine(features, opt, storage=ec.DiskStorage(tmp_path / "all", budget))
     assert engine.table_info("small")["cache_capacity"] == 4
     assert engine.table_info("big")["cache_capacity"] == 100
     assert engine.table_info("medium")["cache_capacity"] == 100
     assert engine.table_info("own")["cache_capacity"] == 50
+    dynamic = engine.table_info("dynamic")
+    assert dynamic["cache_capacity"] == 100 and dynamic["rows"] == 0  # on disk, keyed
 
 
 def test_non_lazy_adam_is_refused(tmp_path) -> None:

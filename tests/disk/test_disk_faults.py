@@ -120,8 +120,6 @@ def test_bad_configs(tmp_path) -> None:
         ec.DiskStorage("", cache_bytes=10)
     with pytest.raises(ValueError, match="io_threads must be an int >= 1, got 0"):
         ec.DiskStorage(tmp_path, cache_bytes=10, io_threads=0)
-    with pytest.raises(ValueError, match=r"TableConfig\(name='d'\): DiskStorage holds fixed"):
-        ec.TableConfig(None, 4, name="d", storage=ec.DiskStorage(tmp_path, 100))
     with pytest.raises(ValueError, match=r"storage must be an embcore.DiskStorage or None"):
         ec.TableConfig(4, 4, name="d", storage="disk")
 

@@ -4,14 +4,11 @@ checkpoint that ends where an uninterrupted run ends."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 
-import pytest
 import torch
 
-from embcore.errors import UserError
-from embcore.train.config import Config, ModelConfig
+from embcore.train.config import Config
 from embcore.train.loop import train
 
 DISK = ['model.storage="disk"', "model.cache_bytes=200000"]
@@ -57,6 +54,17 @@ def test_a_resumed_disk_run_ends_as_an_uninterrupted_one(tiny: Config, tmp_path)
     assert resumed.resumed_from > 0 and resumed.final == whole.final
 
 
-def test_disk_storage_needs_fixed_tables() -> None:
-    with pytest.raises(UserError, match=r"\[model\] storage must be \"memory\" with model"):
-        dataclasses.replace(ModelConfig(), storage="disk", tables="dynamic")
+def test_dynamic_tables_on_disk_train_as_in_memory(tiny: Config, tmp_path) -> None:
+    dynamic = ['model.tables="dynamic"']
+    memory = train(tiny.with_overrides([*dynamic, f"train.out_dir={tmp_path / 'm'}"]), echo=_quiet)
+    out = f"train.out_dir={tmp_path / 'd'}"
+    disk = train(tiny.with_overrides([*dynamic, *DISK, out]), echo=_quiet)
+    assert disk.final == memory.final
+    engine = disk.model.engine
+    assert all(t.storage is not None and t.dynamic for t in engine.tables)
+    info = engine.table_info(engine.table_names[0])
+    assert info["misses"] > 0 and info["rows"] > info["cache_capacity"]
+    want, got = _tables(memory), _tables(disk)
+    assert sorted(want) == sorted(got)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name

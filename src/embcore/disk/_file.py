@@ -163,6 +163,18 @@ class RowFile:
                 os.close(fd)  # closing the lock file's descriptor releases the flock
                 setattr(self, name, -1)
 
+    def grow(self, rows: int) -> None:
+        """Extend the file to ``rows`` records (sparse: the new records take no disk).
+
+        Raises:
+            DiskTableError: the file cannot be extended.
+        """
+        try:
+            os.ftruncate(self._fd, rows * self.record_bytes)
+        except OSError as e:
+            raise self._error(e, f"cannot extend its working file {self.path}") from e
+        self.rows = rows
+
     @property
     def disk_bytes(self) -> int:
         """Bytes the file takes on disk (its written blocks; a sparse file's holes are free)."""

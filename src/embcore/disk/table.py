@@ -74,7 +74,8 @@ class DiskTable:
         cache_bytes: this table's cache budget (at least one row is cached).
         rows, first: the rows held, ``[first, first + rows)`` of the table (a sharded
             engine's piece); ``rows=None``: the whole table. Local row ``i`` is row
-            ``first + i`` of the table, with its initial values.
+            ``first + i`` of the table, with its initial values. A dynamic table's file
+            starts small and grows (:mod:`embcore.disk.keyed`).
     """
 
     def __init__(
@@ -108,7 +109,9 @@ class DiskTable:
         self.file = RowFile(
             table.name, storage.directory, layout, self.rows, storage.direct_io, storage.io_threads
         )
-        self.capacity = max(1, min(self.rows, cache_bytes // row_bytes(table)))
+        self.capacity = max(1, cache_bytes // row_bytes(table))
+        if table.vocabulary_size is not None:
+            self.capacity = min(self.capacity, self.rows)
         self.cache = RowCache(
             table.name, self.capacity, shapes, lambda n: self._init.get(n, 0.0), self._write
         )

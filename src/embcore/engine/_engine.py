@@ -89,7 +89,7 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
             tables over the ranks, by this plan or by the planner's, and computes what one
             process computes on all ranks' batches (docs/sharding.md).
         process_group: shard over this group instead of the default one.
-        storage: where the fixed tables without a ``storage`` of their own keep their rows:
+        storage: where the tables without a ``storage`` of their own keep their rows:
             ``None`` in memory, or an :class:`~embcore.DiskStorage`, whose ``cache_bytes``
             is then shared by those tables (docs/disk_tables.md).
 

@@ -9,7 +9,9 @@ The layer under the table stores (docs/architecture.md)::
 * :mod:`._registry`: :data:`ROWS`, :func:`register`, :func:`kind_of` (the one place a
   table's kind is chosen from its config), :func:`make_rows`;
 * :mod:`.dense`: rows in one dense tensor (a whole table, or a shard's piece);
-* :mod:`.keyed`: a key index in front of growable rows (dynamic tables).
+* :mod:`.keyed`: a key index in front of growable rows (dynamic tables);
+* :mod:`.disk`, :mod:`.disk_keyed`: rows on local disk behind a bounded RAM row cache (fixed
+  tables; dynamic tables, their key index in RAM).
 
 A new kind is one module defining a class that follows :class:`RowStore`, one entry in
 :data:`ROWS` (or a call to :func:`register`), and its tests.

@@ -26,6 +26,7 @@ ROWS: dict[str, str | type] = {
     "dense": "embcore.rows.dense:DenseRows",
     "keyed": "embcore.rows.keyed:KeyedRows",
     "disk": "embcore.rows.disk:DiskRows",
+    "disk_keyed": "embcore.rows.disk_keyed:DiskKeyedRows",
 }
 
 
@@ -40,13 +41,16 @@ def register(kind: str, cls: str | type) -> None:
 def kind_of(table: ResolvedTable) -> str:
     """The kind of row storage ``table`` gets: the kind its storage names (the resolved
     table's ``storage``, else its ``TableConfig.storage``: an object with a ``kind``
-    attribute), else ``"keyed"`` for a dynamic table (``vocabulary_size=None``) and
-    ``"dense"`` for a fixed one."""
+    attribute, and a ``keyed_kind`` for dynamic tables where they need another), else
+    ``"keyed"`` for a dynamic table (``vocabulary_size=None``) and ``"dense"`` for a fixed
+    one."""
+    dynamic = table.config.vocabulary_size is None
     storage = getattr(table, "storage", None) or getattr(table.config, "storage", None)
-    kind = getattr(storage, "kind", None)
+    kind = getattr(storage, "keyed_kind", None) if dynamic else None
+    kind = kind or getattr(storage, "kind", None)
     if kind is not None:
         return kind
-    return "keyed" if table.config.vocabulary_size is None else "dense"
+    return "keyed" if dynamic else "dense"
 
 
 def _class(kind: str, table: str) -> Any:

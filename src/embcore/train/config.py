@@ -177,7 +177,7 @@ class ModelConfig(_Section):
             (0: never).
         max_rows: dynamic tables keep at most this many rows each, the least frequently used
             go first (0: no limit).
-        storage: ``memory``, or ``disk``: fixed tables in ``DiskStorage`` under the run's
+        storage: ``memory``, or ``disk``: the tables in ``DiskStorage`` under the run's
             ``out_dir/rows``, behind one RAM cache of ``cache_bytes`` (docs/disk_tables.md).
         cache_bytes: the disk tables' cache.
     """
@@ -200,11 +200,6 @@ class ModelConfig(_Section):
     def _check(self) -> None:
         self._require(self.embedding_dim >= 1, "embedding_dim", "an int >= 1")
         self._require(self.cache_bytes >= 1, "cache_bytes", "an int >= 1")
-        self._require(
-            self.storage == "memory" or self.tables == "fixed",
-            "storage",
-            '"memory" with model.tables="dynamic" (disk storage holds fixed tables)',
-        )
         self._require(self.min_count >= 1, "min_count", "an int >= 1")
         self._require(self.steps_to_live >= 0, "steps_to_live", "an int >= 0 (0: never)")
         self._require(self.max_rows >= 0, "max_rows", "an int >= 0 (0: no limit)")

@@ -1,0 +1,340 @@
+"""A dynamic table on local disk: the key index in RAM, rows behind a bounded row cache.
+
+A dynamic table (``vocabulary_size=None``) with ``storage=ec.DiskStorage(...)`` gets this
+kind (``"disk_keyed"``). It composes the in-memory dynamic table's key state
+(:class:`~embcore.dynamic.keyspace.KeySpace`: admission, counts, eviction, the freed rows it
+hands to new keys) with the disk tier (:class:`~embcore.disk.keyed.KeyedDiskTable`: the rows
+and optimizer slots in the working file, at most ``cache_bytes`` of them in RAM). Each call::
+
+    keys --KeySpace.train / lookup--> key-space rows r (-1: no row)
+         --id r + 1 (0: the sink)---> cache slots --ops.lookup / ops.update--> cache tensors
+
+A key admitted in a training lookup gets its initial row (the in-memory table's, a function of
+the key) in the cache; a key evicted at a step's end frees its row, which leaves the cache
+unwritten and is reused by a later key. The numbers are those of the in-memory dynamic table,
+bit for bit, whatever the cache size. Persisted by key (``"keyed"`` records), as the
+in-memory dynamic table. See docs/disk_tables.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from embcore import ops
+from embcore.config import ResolvedTable
+from embcore.disk._file import DiskTableError
+from embcore.disk.keyed import SINK, KeyedDiskTable
+from embcore.disk.table import _CHUNK, row_shapes
+from embcore.dynamic import state_check
+from embcore.dynamic.init import new_rows
+from embcore.dynamic.keyspace import KeySpace
+from embcore.inputs import FeatureBatch
+from embcore.rows._contract import Records, RowEnv
+
+__all__ = ["DiskKeyedRows", "key_space_bytes"]
+
+#: training lookups whose ids are remembered until their update (per feature of the table)
+_REMEMBERED = 4
+
+
+def key_space_bytes(space: KeySpace) -> int:
+    """RAM of a key space: its index, per-row metadata and pending counts (every NumPy
+    array it and its parts hold)."""
+    parts = [space, getattr(space, "_index", None), getattr(space, "pending", None)]
+    pending = getattr(space, "pending", None)
+    parts.append(getattr(pending, "_index", None))
+    seen: set[int] = set()
+    total = 0
+    for part in parts:
+        for value in vars(part).values() if part is not None else ():
+            if isinstance(value, np.ndarray) and id(value) not in seen:
+                seen.add(id(value))
+                total += int(value.nbytes)
+    return total
+
+
+class DiskKeyedRows(nn.Module):
+    """A dynamic table's key space in RAM, its rows in its ``DiskStorage`` directory.
+
+    The cache's tensors are not buffers (as :class:`~embcore.rows.disk.DiskRows`': disk
+    tables live on the CPU, in float32); nothing goes through ``state_dict``.
+    """
+
+    kind: ClassVar[str] = "disk_keyed"
+    records: ClassVar[Records] = "keyed"
+
+    def __init__(self, table: ResolvedTable, env: RowEnv, **part: Any) -> None:
+        super().__init__()
+        if part or env.device.type != "cpu" or env.storage_dtype != torch.float32:
+            raise ValueError(
+                f"table '{table.name}': a dynamic table in DiskStorage is held by one process "
+                "of a CPU engine with float32 rows (keep it out of the sharding plan, or in "
+                f"memory); got device={env.device}, storage_dtype={env.storage_dtype}, "
+                f"part={sorted(part)}"
+            )
+        cfg = table.config
+        self.table, self.seed = table, env.seed
+        self.space = KeySpace(table.name, cfg.admission, cfg.eviction)
+        self.disk = KeyedDiskTable(table, table.storage, env.seed, table.storage.cache_bytes)
+        self.dropped_gradients = 0
+        self._state: ops.TableState | None = None
+        # (original batch, its ids as looked up, key-space step at the lookup), oldest first
+        self._trained: deque[tuple[FeatureBatch, np.ndarray, int]] = deque()
+        self._lock = threading.Lock()  # the key space against the prefetch thread
+        self._broken: str | None = None  # why the table refuses steps until a load
+
+    @property
+    def flush_before_training_lookup(self) -> bool:
+        """As the in-memory dynamic table: when keys may be evicted, a pipelined update is
+        applied before the next training lookup."""
+        ev = self.table.config.eviction
+        return ev is not None and ev.evicts
+
+    # ------------------------------------------------------------------ the step
+    def reserve(self, batches: Sequence[FeatureBatch]) -> None:
+        """Index slots and row metadata for the batches' new keys, and room in the file."""
+        with self._lock:
+            self._reserve(_keys(batches))
+
+    def _reserve(self, keys: np.ndarray) -> None:
+        space = self.space
+        if space.fits(keys.size) and space.num_rows + keys.size < self.disk.rows:
+            return
+        new = space.count_new(keys)
+        space.reserve(new)
+        self.disk.grow(space.num_rows + max(0, new - space.num_free) + 1)
+
+    def map(self, batches: Sequence[FeatureBatch], training: bool) -> list[FeatureBatch]:
+        """The batches with keys replaced by cache slots (the sink's: no row). A training
+        lookup counts, admits (new rows born in the cache) and refreshes."""
+        self._check_usable()
+        flat = _keys(batches)
+        with self._lock:  # the key space only: the prefetch thread reads it, not the I/O
+            if training:
+                self._reserve(flat)
+                admitted = self.space.train(flat)
+                rows = admitted.rows
+            else:
+                rows = self.space.lookup(flat)
+        if training:
+            self._bear(admitted.new_keys, admitted.new_rows)
+        ids = np.where(rows >= 0, rows + 1, SINK)
+        out = self._slots(batches, ids, changed=False, training=training)
+        if training:
+            start = 0
+            for b in batches:
+                n = b.values.numel()
+                self._trained.append((b, ids[start : start + n], self.space.step))
+                start += n
+            while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
+                self._trained.popleft()
+        return out
+
+    def for_update(self, batches: Sequence[FeatureBatch]) -> list[FeatureBatch]:
+        """The cache slots of the ids the batches' training lookup gave them; an id whose key
+        no longer holds it (evicted since) is the sink's (gradient dropped); a batch never
+        looked up for training takes the rows its keys hold now."""
+        self._check_usable()
+        with self._lock:
+            parts = []
+            for b in batches:
+                i = next((i for i, e in enumerate(self._trained) if e[0] is b), None)
+                if i is None:
+                    parts.append(self._ids_now(b))
+                    continue
+                _, ids, step = self._trained[i]
+                del self._trained[i]
+                if step != self.space.step:  # an eviction may have freed or reused rows since
+                    ids = np.where(self._ids_now(b) == ids, ids, SINK)
+                parts.append(ids)
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        self.dropped_gradients += int((ids == SINK).sum())
+        return self._slots(batches, ids, changed=True, training=True)
+
+    def _ids_now(self, batch: FeatureBatch) -> np.ndarray:
+        rows = self.space.lookup(_keys([batch]))
+        return np.where(rows >= 0, rows + 1, SINK)
+
+    def state(self) -> ops.TableState:
+        t = self.disk.cache.tensors
+        if self._state is None or self._state.weight is not t["weight"]:
+            slots = {n: v for n, v in t.items() if n != "weight"}
+            self._state = ops.TableState(self.table.name, t["weight"], slots, self.table.optimizer)
+        return self._state
+
+    def end_step(self) -> None:
+        """Reset the sink, evict (the freed rows leave the cache unwritten), step += 1; a
+        cache that grew for an oversized step empties itself."""
+        self.disk.reset_sink()
+        with self._lock:
+            evicted = self.space.end_step()
+        if evicted.rows.size:
+            self.disk.discard(evicted.rows + 1)
+        self.disk.end_step()
+
+    def prefetch(self, batches: Sequence[FeatureBatch]) -> None:
+        """Start reading the held rows of a batch prepared ahead (``EmbeddingEngine.prepare``)."""
+        if not batches:
+            return
+        with self._lock:
+            rows = self.space.lookup(_keys(batches))
+        self.disk.prefetch(rows[rows >= 0] + 1)
+
+    def _bear(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """The initial rows of the keys just admitted (``keys`` ascending), born in the cache
+        by the lookup's own call (a failing user initializer leaves them at zero, as the
+        in-memory table does)."""
+        if keys.size == 0:
+            return
+        cfg = self.table.config
+        try:
+            weight = new_rows(keys, table=self.table.name, dim=cfg.dim, seed=self.seed,
+                              initializer=cfg.initializer)  # fmt: skip
+        except BaseException:
+            self.disk.bear(rows + 1, torch.zeros((keys.size, cfg.dim)))
+            raise
+        self.disk.bear(rows + 1, torch.from_numpy(weight))
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise DiskTableError(errno.EIO, self._broken)
+
+    def _slots(
+        self, batches: Sequence[FeatureBatch], ids: np.ndarray, changed: bool, training: bool
+    ) -> list[FeatureBatch]:
+        """Cache slots of ``ids`` split by batch. A training step whose rows cannot be read or
+        written (a full disk) has counted and admitted its keys already: the table then
+        refuses further steps until a checkpoint is loaded."""
+        if ids.size == 0:
+            return list(batches)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        try:
+            mapped = self.disk.slots(unique, changed)[inverse.reshape(-1)]
+        except DiskTableError as e:
+            if training:
+                self._broken = (
+                    f"{e} -- table '{self.table.name}' is dynamic: the failed training step had "
+                    "counted and admitted its keys already, so the table refuses further steps: "
+                    "restore the engine from a checkpoint (ec.checkpoint.load)"
+                )
+                raise DiskTableError(e.errno or errno.EIO, self._broken) from e
+            raise
+        out, start = [], 0
+        for b in batches:
+            n = b.values.numel()
+            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
+            out.append(dataclasses.replace(b, values=values))
+            start += n
+        return out
+
+    # ------------------------------------------------------------------ reading
+    def shape(self, name: str) -> tuple[int, ...]:
+        return (len(self.space), *row_shapes(self.table)[name])
+
+    def read(self, name: str) -> Tensor:
+        """A copy of ``name``'s rows in ascending key order."""
+        return self._by_key(self.space.keys(), (name,))[name]
+
+    def write(self, name: str, value: Tensor) -> None:
+        raise ValueError(
+            f"table '{self.table.name}' is dynamic: its rows are loaded with their keys "
+            "(load_dynamic_state), not as a whole tensor"
+        )
+
+    def keys(self) -> Tensor:
+        return torch.from_numpy(self.space.keys())
+
+    def rows(self, ids: Tensor) -> Tensor:
+        keys = np.ascontiguousarray(ids.cpu().numpy(), np.int64)
+        return self._by_key(keys, ("weight",))["weight"]
+
+    def _by_key(self, keys: np.ndarray, names: Sequence[str]) -> dict[str, Tensor]:
+        """``name -> (N, ...)`` of ``keys`` (zeros / initial slots for keys without a row),
+        read :data:`~embcore.disk.table._CHUNK` rows at a time."""
+        with self._lock:
+            rows = self.space.lookup(keys)
+        ids = np.where(rows >= 0, rows + 1, SINK)
+        shapes = row_shapes(self.table)
+        out = {n: torch.empty((ids.size, *shapes[n])) for n in names}
+        for a in range(0, ids.size, _CHUNK):
+            part = self.disk.values(ids[a : a + _CHUNK])
+            for n in names:
+                out[n][a : a + _CHUNK] = part[n]
+        return out
+
+    def info(self) -> dict[str, int]:
+        """The in-memory dynamic table's counters (``rows``, ``pending``,
+        ``dropped_gradients``, ``step``), the disk tier's, and ``index_bytes`` (the key
+        space's RAM, besides ``cache_bytes``)."""
+        pending = self.space.pending
+        return {
+            "rows": len(self.space),
+            "pending": 0 if pending is None else len(pending),
+            "dropped_gradients": self.dropped_gradients,
+            "step": self.space.step,
+            **self.disk.info(),
+            "index_bytes": key_space_bytes(self.space),
+        }
+
+    def rows_held(self) -> int:
+        return len(self.space)
+
+    def memory(self) -> dict[str, int]:
+        ram = self.disk.cache.nbytes + key_space_bytes(self.space)
+        return {"ram": ram, "disk": self.disk.file.disk_bytes}
+
+    # ------------------------------------------------------------------ persisting
+    def tensors(self) -> list:
+        return []
+
+    def content(self) -> dict[str, np.ndarray | Tensor]:
+        """The key space's state (without ``rows``), plus ``weight`` and each slot as
+        ``(R, ...)`` tensors in key order: the table's whole content (read from the cache and
+        the file; the keyed checkpoint records hold it in memory once)."""
+        with self._lock:
+            state: dict[str, np.ndarray | Tensor] = dict(self.space.state())
+        state.pop("rows")  # read by key below
+        state |= self._by_key(np.asarray(state["keys"]), tuple(row_shapes(self.table)))
+        return state
+
+    def load_content(self, state: dict[str, Any]) -> None:
+        """Replace the table's content with a :meth:`content` (key ``keys[i]`` on row ``i``).
+
+        Raises:
+            ValueError: the state is malformed (named); nothing was changed.
+        """
+        name, cfg = self.table.name, self.table.config
+        problems = state_check.problems(self.table, state)
+        if problems:
+            raise ValueError(f"table '{name}': cannot load its state: " + "; ".join(problems))
+        arrays = {
+            k: np.asarray(v.cpu() if isinstance(v, Tensor) else v)
+            for k, v in state.items()
+            if k not in row_shapes(self.table)
+        }
+        space = KeySpace.from_state(name, arrays, cfg.admission, cfg.eviction)
+        values = {k: torch.as_tensor(state[k]) for k in row_shapes(self.table)}
+        with self._lock:
+            try:
+                self.disk.load_rows(values)
+            except DiskTableError as e:
+                self._broken = f"{e} -- the table was being loaded: load a checkpoint again"
+                raise
+            self.space = space
+            self._trained.clear()
+            self._broken = None
+
+
+def _keys(batches: Sequence[FeatureBatch]) -> np.ndarray:
+    """``(N,) int64``: the keys of every batch, in order."""
+    keys = [b.values.cpu().numpy() for b in batches]
+    return np.ascontiguousarray(np.concatenate(keys) if keys else np.zeros(0, np.int64))
