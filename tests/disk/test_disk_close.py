@@ -70,3 +70,23 @@ def test_closing_an_engine_in_memory_refuses_steps_too():
     engine.close()
     with pytest.raises(RuntimeError, match="engine was closed"):
         step(engine)
+
+
+def test_close_releases_a_dynamic_disk_table(tmp_path):
+    gc.disable()
+    try:
+        before = open_fds()
+        storage = ec.DiskStorage(tmp_path, cache_bytes=200)
+        table = ec.TableConfig(None, 4, name="t", storage=storage)
+        features = {"f": ec.FeatureConfig(table=table)}
+        first = ec.EmbeddingEngine(features, ec.Adagrad(learning_rate=0.1))
+        first({"f": torch.tensor([2**40, -7, 3])})["f"].sum().backward()
+        first.close()
+        assert open_fds() == before
+        with pytest.raises(RuntimeError, match=r"engine was closed.*load a checkpoint"):
+            first({"f": torch.tensor([3])})
+        second = ec.EmbeddingEngine(features, ec.Adagrad(learning_rate=0.1))
+        second({"f": torch.tensor([5])})["f"].sum().backward()
+        second.close()
+    finally:
+        gc.enable()

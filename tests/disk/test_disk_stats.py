@@ -76,3 +76,26 @@ def test_cache_counters_in_the_statistics_and_embcore_stats(tmp_path, capsys):
     [(_, merged)] = load_directory(tmp_path / "stats")
     assert merged.cache["steps"] == STEPS + 5
     assert merged.cache["hits"] + merged.cache["misses"] == STEPS + 5
+
+
+def test_a_dynamic_disk_tables_counters_reach_the_statistics(tmp_path):
+    """Keys admitted on first sight are born in the cache; the statistics carry the same
+    counts as the table's own ``table_info`` and one step per training step."""
+    storage = ec.DiskStorage(tmp_path / "rows", CACHE_ROWS * cached_row_bytes(DIM, DIM))
+    table = ec.TableConfig(None, DIM, name="t", storage=storage)
+    engine = ec.EmbeddingEngine(
+        {"f": ec.FeatureConfig(table=table)},
+        optimizer=ec.Adagrad(learning_rate=0.1),
+        profile_data_directory=str(tmp_path / "stats"),
+        profile_sample_rate=0.5,
+    )
+    keys = (np.random.default_rng(4).zipf(1.3, STEPS).clip(max=VOCAB) * 1_000_003) << 20
+    for k in keys.tolist():
+        engine({"f": torch.tensor([k])})["f"].sum().backward()
+    engine.write_statistics()
+    [(_, stats)] = load_directory(tmp_path / "stats")
+    info = engine.table_info("t")
+    assert stats.cache["steps"] == STEPS
+    for name in ("hits", "misses", "rows_read", "rows_written"):
+        assert stats.cache[name] == info[name], name
+    assert stats.cache["hits"] > 0 and stats.cache["rows_written"] > 0  # the stream tests both

@@ -143,19 +143,8 @@ class DiskRows(nn.Module):
         return self.disk.info()
 
     def cache_counters(self) -> dict[str, int]:
-        """Counts since the engine was made, for the lookup statistics: ``steps`` ended,
-        cache ``hits`` and ``misses`` (distinct ids of lookups), and ``rows_read``,
-        ``bytes_read``, ``rows_written``, ``bytes_written`` of the working file."""
-        size, io = self.disk.file.record_bytes, self.disk.io
-        return {
-            "steps": self.steps,
-            "hits": self.disk.cache.stats["hits"],
-            "misses": self.disk.cache.stats["misses"],
-            "rows_read": io["rows_read"],
-            "bytes_read": io["rows_read"] * size,
-            "rows_written": io["rows_written"],
-            "bytes_written": io["rows_written"] * size,
-        }
+        """Counts since the engine was made, for the lookup statistics (:func:`disk_counters`)."""
+        return disk_counters(self.disk, self.steps)
 
     def rows_held(self) -> int | None:
         return None
@@ -173,11 +162,7 @@ class DiskRows(nn.Module):
 
     def _check_open(self) -> None:
         if self.closed:
-            raise RuntimeError(
-                f"table '{self.table.name}': its engine was closed (the working file in "
-                f"{self.disk.file.directory} is released); make a new engine and load a "
-                "checkpoint into it"
-            )
+            raise closed_error(self.table.name, self.disk)
 
     # ------------------------------------------------------------------ persisting
     def tensors(self) -> list[DiskTensor]:
@@ -227,3 +212,27 @@ class DiskTensor:
 
     def finish_load(self, chunks: Chunks) -> None:
         """Nothing to move: each box was written to the table when it was filled."""
+
+
+def disk_counters(disk: DiskTable, steps: int) -> dict[str, int]:
+    """A disk table's counts for the lookup statistics: ``steps`` ended, cache ``hits`` and
+    ``misses`` (distinct ids of lookups), and ``rows_read``, ``bytes_read``, ``rows_written``,
+    ``bytes_written`` of its working file."""
+    size, io = disk.file.record_bytes, disk.io
+    return {
+        "steps": steps,
+        "hits": disk.cache.stats["hits"],
+        "misses": disk.cache.stats["misses"],
+        "rows_read": io["rows_read"],
+        "bytes_read": io["rows_read"] * size,
+        "rows_written": io["rows_written"],
+        "bytes_written": io["rows_written"] * size,
+    }
+
+
+def closed_error(table: str, disk: DiskTable) -> RuntimeError:
+    """The error of a step on a table whose engine was closed (``EmbeddingEngine.close``)."""
+    return RuntimeError(
+        f"table '{table}': its engine was closed (the working file in "
+        f"{disk.file.directory} is released); make a new engine and load a checkpoint into it"
+    )

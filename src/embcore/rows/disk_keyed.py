@@ -39,6 +39,7 @@ from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv
+from embcore.rows.disk import closed_error, disk_counters
 
 __all__ = ["DiskKeyedRows", "key_space_bytes"]
 
@@ -91,6 +92,8 @@ class DiskKeyedRows(nn.Module):
         self._trained: deque[tuple[FeatureBatch, np.ndarray, int]] = deque()
         self._lock = threading.Lock()  # the key space against the prefetch thread
         self._broken: str | None = None  # why the table refuses steps until a load
+        self.steps = 0  #: training steps ended (the lookup statistics' denominator)
+        self.closed = False
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -180,6 +183,18 @@ class DiskKeyedRows(nn.Module):
         if evicted.rows.size:
             self.disk.discard(evicted.rows + 1)
         self.disk.end_step()
+        self.steps += 1
+
+    def cache_counters(self) -> dict[str, int]:
+        """Counts since the engine was made, for the lookup statistics (:func:`disk_counters`)."""
+        return disk_counters(self.disk, self.steps)
+
+    def close(self) -> None:
+        """Release the working file and its lock now (``EmbeddingEngine.close``); the rows
+        and keys are gone: save a checkpoint first."""
+        if not self.closed:
+            self.closed = True
+            self.disk.close()
 
     def prefetch(self, batches: Sequence[FeatureBatch]) -> None:
         """Start reading the held rows of a batch prepared ahead (``EmbeddingEngine.prepare``)."""
@@ -205,6 +220,8 @@ class DiskKeyedRows(nn.Module):
         self.disk.bear(rows + 1, torch.from_numpy(weight))
 
     def _check_usable(self) -> None:
+        if self.closed:
+            raise closed_error(self.table.name, self.disk)
         if self._broken is not None:
             raise DiskTableError(errno.EIO, self._broken)
 
