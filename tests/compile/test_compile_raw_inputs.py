@@ -22,6 +22,8 @@ import embcore as ec
 #: PyTorch's own: dynamo instantiates the autograd.Function classes it traces (Linear)
 pytestmark = pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
 
+#: opcheck's checks that run the operator as a pure function (as tests/compile/test_compile_ops)
+CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
 RAW = sorted(k for k in INPUTS if k != "sparse")  # torch.compile takes no sparse tensor
 
 
@@ -221,3 +223,26 @@ def test_sparse_input_runs_untraced_and_nothing_crashes_dynamo() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_opcheck_the_raw_lookup_and_its_layout_errors() -> None:
+    """Fake shapes agree with the kernels'; a layout that does not describe the tensors is
+    refused by name before anything is looked up."""
+    model = SequenceModel()
+    features, weights = _batch(np.random.default_rng(1), 4, as_kjt=False)
+    engine = model.engine
+    tensors = [features["s"].values, features["s"].row_splits]
+    tensors += [features["x"].values, features["x"].row_splits]
+    tensors += [features["y"].values, features["y"].row_splits, weights["y"].values]
+    tensors += [weights["y"].row_splits]
+    anchor = torch.zeros(0, requires_grad=True)
+    args = (engine._handle, tensors, "r,r,rw", [12, 4, 4], False, False, anchor)
+    assert engine.feature_names == ["s", "x", "y"]
+    torch.library.opcheck(torch.ops.embcore.lookup_raw.default, args, test_utils=CHECKS)
+    for layout, message in (("r,r", "not one of d, r, rw"), ("r,r,r", "does not take")):
+        with pytest.raises(ValueError, match=message):
+            torch.ops.embcore.lookup_raw(engine._handle, tensors, layout, [12, 4, 4], False,
+                                         False, anchor)  # fmt: skip
+    with pytest.raises(ValueError, match="feature 'x': the input has 4 samples, samples says 5"):
+        torch.ops.embcore.lookup_raw(engine._handle, tensors, "r,r,rw", [12, 5, 4], False,
+                                     False, anchor)  # fmt: skip
