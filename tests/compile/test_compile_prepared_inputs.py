@@ -1,6 +1,7 @@
-"""What docs/main_job.md ("torch.compile") tells users to do with ragged, sparse, weighted and
-TorchRec inputs: prepare them outside the compiled function (``engine.prepare``, as
-``ec.Prefetcher`` does), and the model around the engine compiles into one graph."""
+"""Batches prepared outside the compiled function (``engine.prepare``, as ``ec.Prefetcher``
+does), from every input kind: the model around the engine compiles into one graph. What
+docs/main_job.md ("torch.compile") tells users to do with sparse input, which ``torch.compile``
+does not take raw."""
 
 from __future__ import annotations
 

@@ -179,3 +179,53 @@ def test_a_lookup_only_engine_refuses_training_and_updates() -> None:
     # the operators take ids already pruned: no advice to turn on what is on
     with pytest.raises(ValueError, match=r"ids must be in \[0, 10\)$"):
         _lookup(engine, _set(args, "values", 0, _i64(-1, 2)))
+
+
+def _uniform(engine: ec.EmbeddingEngine) -> dict:
+    """Arguments whose features all have 3 ids, one per sample, and no weights: the batches
+    checked in one vectorised pass (dense ids, as the main job's)."""
+    prepared = engine.prepare({"x": _i64(1, 2, 3), "y": _i64(3, 4, 5), "z": _i64(7, 0, 29)})
+    return {
+        "values": [b.values.clone() for b in prepared.batches],
+        "offsets": [b.offsets.clone() for b in prepared.batches],
+        "weights": [None] * 3,
+        "combiners": [_library.COMBINERS.index(b.combiner) for b in prepared.batches],
+        "stacked": False,
+    }
+
+
+UNIFORM_BAD = [
+    ("an id past the table", lambda a: _set(a, "values", 2, _i64(1, 30, 5)),
+     r"feature 'z': id 30 at position 1 is out of range for table 'b' with vocabulary_size 30"),
+    ("an id past a smaller table", lambda a: _set(a, "values", 1, _i64(1, 20, 5)),
+     r"feature 'y': id 20 at position 1 is out of range for table 'a'"),
+    ("a negative id", lambda a: _set(a, "values", 0, _i64(1, 2, -1)),
+     r"feature 'x': id -1 at position 2 is out of range for table 'a'"),
+    ("offsets not from 0", lambda a: _set(a, "offsets", 1, _i64(1, 1, 2, 3)),
+     r"feature 'y': offsets must start at 0"),
+    ("offsets past the ids", lambda a: _set(a, "offsets", 2, _i64(0, 1, 2, 4)),
+     r"feature 'z': offsets must start at 0 and end at len\(values\)=3, got 0 \.\.\. 4"),
+    ("offsets decreasing", lambda a: _set(a, "offsets", 0, _i64(0, 2, 1, 3)),
+     r"feature 'x': offsets must never decrease"),
+    ("another feature's combiner", lambda a: _set(a, "combiners", 1, 0),
+     r"feature 'y': combiner code 0 \('sum'\) differs from the feature's 'mean'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "message"), UNIFORM_BAD, ids=[c for c, _, _ in UNIFORM_BAD]
+)
+def test_a_bad_argument_among_features_of_equal_sizes_is_one_clear_error(case, edit, message):
+    engine = _engine()
+    good = _uniform(engine)
+    with torch.no_grad():
+        want = engine({"x": _i64(1, 2, 3), "y": _i64(3, 4, 5), "z": _i64(7, 0, 29)})
+    for name, act in zip(("x", "y", "z"), _lookup(engine, good), strict=True):
+        torch.testing.assert_close(act, want[name], rtol=0, atol=0)
+    args = edit(good)
+    before = _state(engine)
+    with pytest.raises(ValueError, match=r"embcore::lookup: .*" + message):
+        _lookup(engine, args, training=True)
+    with pytest.raises(ValueError, match=r"embcore::update: .*" + message):
+        _update(engine, args, [torch.ones(3, 4) for _ in range(3)])
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(engine), strict=True))
