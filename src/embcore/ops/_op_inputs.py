@@ -96,10 +96,8 @@ def check_inputs(
             if len(given) != count:
                 raise _fail(op, None, f"{len(given)} {what} given for {count} features")
         samples = []
-        valid = _all_valid(features, values, offsets, weights, combiners, COMBINERS, device)
         for f, v, o, w, c in zip(features, values, offsets, weights, combiners, strict=True):
-            if not valid:
-                _feature(op, f, v, o, w, c, COMBINERS, device)
+            _feature(op, f, v, o, w, c, COMBINERS, device)
             samples.append(o.shape[0] - 1)
     if stacked and count:
         first = features[0]
@@ -111,46 +109,6 @@ def check_inputs(
                     f"stacked needs every feature to have {samples[0]} samples of dim "
                     f"{first.dim} (as feature '{first.name}'), got {s} of dim {f.dim}",
                 )
-
-
-def _all_valid(
-    features: Sequence[OpFeature],
-    values: Sequence[Any],
-    offsets: Sequence[Any],
-    weights: Sequence[Any],
-    combiners: Sequence[Any],
-    names: Sequence[str],
-    device: torch.device,
-) -> bool:
-    """Whether every check of :func:`_feature` passes, in one vectorised pass over features
-    whose ids and offsets have equal sizes and no weights (a step of dense ids, one per sample:
-    the main job's). ``False`` for anything else, bad or not: the caller then checks feature by
-    feature, naming the bad one."""
-    if len(values) < 2 or any(w is not None for w in weights):
-        return False
-    for t in (*values, *offsets):
-        if not isinstance(t, Tensor) or t.dtype != torch.int64 or t.dim() != 1:
-            return False
-        if t.device.type != device.type:
-            return False
-    n = values[0].shape[0]
-    if n == 0 or any(v.shape[0] != n for v in values):
-        return False
-    if any(o.shape[0] != offsets[0].shape[0] for o in offsets):
-        return False
-    for f, c in zip(features, combiners, strict=True):
-        if not isinstance(c, int) or not 0 <= c < len(names) or names[c] != f.combiner:
-            return False
-    splits = torch.stack(list(offsets))  # (F, S+1): from 0 to n, never decreasing
-    if not bool((splits[:, 0] == 0).all() & (splits[:, -1] == n).all()):
-        return False
-    if not bool((splits[:, 1:] >= splits[:, :-1]).all()):
-        return False
-    top = [torch.iinfo(torch.int64).max if f.vocab is None else f.vocab - 1 for f in features]
-    lo, hi = torch.stack(list(values)).aminmax(dim=1)  # ids in [0, vocab): a dynamic table's,
-    limit = torch.tensor(top, device=hi.device)  # any int64 key
-    unbounded = torch.tensor([f.vocab is None for f in features], device=hi.device)
-    return bool(((lo >= 0) | unbounded).all() & (hi <= limit).all())
 
 
 def _feature(
