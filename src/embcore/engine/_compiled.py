@@ -4,8 +4,10 @@ Under ``torch.compile`` the engine's ``forward`` and ``stacked`` hand the batch'
 ``embcore::lookup`` (:mod:`embcore.ops._library`), whose backward is ``embcore::update``; the
 work behind both is :class:`EngineOps`, the engine's registered target. Nothing in the traced
 code reads a tensor's values: a :class:`PreparedBatch` was validated when it was prepared, and
-raw dense ids are validated inside the operator, with the errors of an eager call. Inputs the
-operators do not take (sparse, ragged, TorchRec or weighted ids given raw) run the eager path.
+raw dense ids are validated inside the operator, with the errors of an eager call. Raw ragged
+and TorchRec input (weighted or not) goes to ``embcore::lookup_raw``
+(:mod:`embcore.ops._raw_library`, :mod:`._raw_inputs`), which converts it inside with the eager
+code. Sparse tensors, which ``torch.compile`` does not take, run the eager path.
 See docs/architecture.md, "Custom operators".
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,8 +23,9 @@ from torch import Tensor
 
 from embcore import nest
 from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
+from embcore.engine._raw_inputs import raw_batch, rebuild
 from embcore.inputs import FeatureBatch, to_feature_batch
-from embcore.ops import _library
+from embcore.ops import _library, _raw_library  # noqa: F401  (registers the operators)
 
 __all__ = ["EngineOps", "attach_ops", "compiled_lookup"]
 
@@ -80,7 +84,13 @@ class EngineOps:
         ]
         if observe and e._stats is not None:
             e._stats.maybe_observe(e._by_table(batches))
-        return batches
+        return _flat(batches)
+
+    def op_convert_raw(
+        self, tensors: Sequence[Tensor], layout: str, observe: bool
+    ) -> list[FeatureBatch]:
+        features, weights = rebuild(self.engine, tensors, layout)
+        return _flat(self.engine._prepare(features, weights, observe))
 
     def op_lookup(self, batches: list[FeatureBatch], stacked: bool, training: bool) -> list[Tensor]:
         e = self.engine
@@ -115,6 +125,15 @@ class EngineOps:
         e._apply_gradients(batches, flat, whole)
 
 
+def _flat(batches: list[FeatureBatch]) -> list[FeatureBatch]:
+    """The batches with output shapes ``(S,)``: the operators' activations and gradients are
+    ``(S_f, dim)``, the traced code gives them their shapes."""
+    return [
+        b if len(b.output_shape) == 1 else replace(b, output_shape=(b.num_samples,))
+        for b in batches
+    ]
+
+
 def _unattached() -> None:
     """What a copied :class:`EngineOps` becomes until its engine attaches a new one."""
     return None
@@ -127,52 +146,58 @@ def attach_ops(engine: Any) -> None:
     engine._handle = engine._ops.handle
 
 
-def _is_plain_dense(feature: Any, ids: Any) -> bool:
-    """Whether the operators take these raw ids: a dense integer tensor, one id per sample,
-    for a pooled feature without a configured output shape."""
-    cfg = feature.config
-    return (
-        isinstance(ids, Tensor)
-        and ids.layout == torch.strided
-        and not ids.is_floating_point()
-        and not ids.is_complex()
-        and (ids.dim() == 1 or (ids.dim() >= 2 and ids.shape[-1] == 1))
-        and cfg.max_sequence_length == 0
-        and cfg.output_shape is None
-    )
-
-
 def compiled_lookup(engine: Any, features: Any, weights: Any, stacked: bool) -> Any:
-    """The activations through ``embcore::lookup`` (as ``forward``, or as ``stacked``), or
-    ``None`` outside ``torch.compile`` and when the inputs need the eager path."""
+    """Under ``torch.compile``, the activations (as ``forward``, or as ``stacked``): through
+    ``embcore::lookup`` or ``embcore::lookup_raw``, or, for input neither takes, the eager
+    path outside the graph; ``None`` outside ``torch.compile``."""
     if not torch.compiler.is_compiling():
         return None
     if isinstance(features, PreparedBatch):
         if features.engine != id(engine) or weights is not None:
-            return None  # the eager path raises its error
+            return _eager(engine, features, weights, stacked)  # which raises its error
         batches = features.batches
         values = [b.values for b in batches]
         offsets = [b.offsets for b in batches]
         ws = [b.weights for b in batches]
         combiners = [_library.COMBINERS.index(b.combiner) for b in batches]
         shapes = [b.output_shape for b in batches]
+        layout = None
     else:
-        if weights is not None or not isinstance(features, (Tensor, dict, list, tuple)):
-            return None  # TorchRec's KeyedJaggedTensor, or a mistake the eager path names
-        values = engine._flatten(features, "features")
-        if not all(_is_plain_dense(f, x) for f, x in zip(engine._features, values, strict=True)):
-            return None
+        raw = raw_batch(engine, features, weights)
+        if raw is None:  # sparse ids, or a mistake the eager path names
+            return _eager(engine, features, weights, stacked)
+        values, layout, shapes = raw
         offsets, ws, combiners = [], [None] * len(values), []
-        shapes = [tuple(x.shape) if x.dim() == 1 else tuple(x.shape[:-1]) for x in values]
     dims = [engine._tables[f.table].dim for f in engine._features]
     if stacked:
         stacked_shape(engine._features, engine._tables, shapes)  # raises as the eager path
     training = engine._trains()
     anchor = engine._ops.anchor if training else torch.zeros(0)
-    outs = torch.ops.embcore.lookup(
-        engine._handle, values, offsets, ws, combiners, stacked, training, anchor
-    )
+    if layout is None or set(layout.split(",")) == {"d"}:  # prepared, or dense ids only
+        outs = torch.ops.embcore.lookup(
+            engine._handle, values, offsets, ws, combiners, stacked, training, anchor
+        )
+    else:  # ragged or TorchRec input, converted inside the operator
+        samples = [_product(s) for s in shapes]
+        outs = torch.ops.embcore.lookup_raw(
+            engine._handle, values, layout, samples, stacked, training, anchor
+        )
     if stacked:
         return outs[0].view(*shapes[0], len(dims), dims[0])
     shaped = [a.view(*s, d) for a, s, d in zip(outs, shapes, dims, strict=True)]
     return nest.pack(engine._structure, shaped, is_leaf=is_feature)
+
+
+def _eager(engine: Any, features: Any, weights: Any, stacked: bool) -> Any:
+    """The eager path (``torch.compiler.disable``: run by ``torch.compile``'s caller, one graph
+    break). Traced, the eager conversion would break the graph at each value it reads, and the
+    first call of a Numba kernel in a traced frame crashes dynamo (torch 2.13 cannot build the
+    frame to resume in after a graph break in Numba's ``Dispatcher._compile_for_args``)."""
+    return (engine._stacked if stacked else engine._forward)(features, weights)
+
+
+def _product(shape: tuple[Any, ...]) -> Any:
+    out = 1
+    for d in shape:
+        out *= d
+    return out

@@ -249,7 +249,7 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
         self._pending = None
 
     # ---------------------------------------------------------------------------- inputs
-    def _prepare(self, features: Any, weights: Any) -> list[FeatureBatch]:
+    def _prepare(self, features: Any, weights: Any, observe: bool = True) -> list[FeatureBatch]:
         features, weights = unpack_keyed_jagged(features, weights)  # TorchRec's KJT, by key
         ids = self._flatten(features, "features")
         if weights is None:
@@ -263,7 +263,7 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
             to_feature_batch(f, self._tables[f.table], x, w, device)
             for f, x, w in zip(self._features, ids, ws, strict=True)
         ]
-        if self._stats is not None:
+        if observe and self._stats is not None:  # observe: sample lookup statistics
             self._stats.maybe_observe(self._by_table(batches))
         return batches
 
@@ -405,19 +405,19 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
         """
         if (out := compiled_lookup(self, features, weights, stacked=False)) is not None:
             return out
+        return self._forward(features, weights)
+
+    @torch.compiler.disable  # never traced (engine/_compiled.py: _eager)
+    def _forward(self, features: Any, weights: Any) -> Any:
         batches = self._batches(features, weights)
         if not self._trains():
             return self._pack(self._lookup(batches), batches)
         anchor = torch.zeros(0, requires_grad=True)
-        flat = LookupWithUpdate.apply(anchor, self, batches)
-        return self._pack(list(flat), batches)
+        return self._pack(list(LookupWithUpdate.apply(anchor, self, batches)), batches)
 
     def _trains(self) -> bool:
-        return (
-            self.training
-            and torch.is_grad_enabled()
-            and all(t.optimizer is not None for t in self._tables)
-        )
+        trainable = all(t.optimizer is not None for t in self._tables)
+        return self.training and torch.is_grad_enabled() and trainable
 
     def stacked(self, features: Any, weights: Any = None) -> Tensor:
         """Look up a batch into one tensor: feature ``f``'s activation at ``[..., f, :]``.
@@ -439,6 +439,10 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
         """
         if (out := compiled_lookup(self, features, weights, stacked=True)) is not None:
             return out
+        return self._stacked(features, weights)
+
+    @torch.compiler.disable  # never traced (engine/_compiled.py: _eager)
+    def _stacked(self, features: Any, weights: Any) -> Tensor:
         batches = self._batches(features, weights)
         shape = stacked_shape(self._features, self._tables, [b.output_shape for b in batches])
         if not self._trains():

@@ -63,6 +63,13 @@ class OpTarget(Protocol):
         """Validate and convert raw dense ids (``observe``: sample lookup statistics)."""
         ...
 
+    def op_convert_raw(
+        self, tensors: Sequence[Tensor], layout: str, observe: bool
+    ) -> list[FeatureBatch]:
+        """Validate and convert raw input given as tensors and a layout
+        (:mod:`embcore.ops._raw_library`), with the engine's eager conversion."""
+        ...
+
     def op_lookup(self, batches: list[FeatureBatch], stacked: bool, training: bool) -> list[Tensor]:
         """The activations (flat per feature, or one stacked tensor in a list)."""
         ...
