@@ -37,6 +37,7 @@ from embcore.engine._gradients import (
     non_finite_features,
 )
 from embcore.engine._pipeline import UpdatePipeline, pipelining
+from embcore.engine._placement import Placement
 from embcore.engine._rates import learning_rates
 from embcore.engine._state_dict import StateDictMethods
 from embcore.engine._store import (
@@ -57,7 +58,9 @@ from embcore.stats import StatsCollector
 __all__ = ["EmbeddingEngine"]
 
 
-class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Module):
+class EmbeddingEngine(
+    Closing, Placement, EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Module
+):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
     Args:
@@ -158,10 +161,6 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
 
     # ------------------------------------------------------------------------ properties
     @property
-    def device(self) -> torch.device:
-        return self.store.device
-
-    @property
     def feature_names(self) -> list[str]:
         """Feature names in ``tf.nest`` order (the order of activations and gradients)."""
         return [f.name for f in self._features]
@@ -209,24 +208,6 @@ class EmbeddingEngine(Closing, EnqueueDequeue, DynamicTablesAPI, StateDictMethod
         """Number of updates applied so far."""
         self._pipeline.wait()
         return int(self._step)
-
-    @property
-    def plan(self) -> Any:
-        """The ``ShardingPlan`` of sharded tables (``None`` in one process)."""
-        return self.store.plan
-
-    @property
-    def rank(self) -> int:
-        return self.store.comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.store.comm.world
-
-    @property
-    def comm_stats(self) -> Any:
-        """This rank's cumulative communication (bytes sent and received, collectives)."""
-        return self.store.comm.stats
 
     def extra_repr(self) -> str:
         parts = [
