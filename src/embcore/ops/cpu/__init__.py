@@ -102,12 +102,6 @@ def lookup(
             [torch.empty(b.num_samples, s.weight.shape[1], dtype=torch.float32) for b in batches]
             for s, batches in zip(states, features, strict=True)
         ]
-    for row in (r for rows in outs for r in rows):
-        if row.dim() != 2 or (row.shape[1] > 1 and row.stride(1) != 1):
-            raise NotImplementedError(
-                "embcore.ops.lookup: backend 'cpu' writes outputs whose columns are contiguous; "
-                f"got shape {tuple(row.shape)}, stride {row.stride()}"
-            )
     keep: list[Tensor] = []
     tables = table_descriptors("lookup", states, with_positions=False)
     feats, _ = feature_descriptors("lookup", features, outs, keep)

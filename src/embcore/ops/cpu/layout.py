@@ -92,17 +92,39 @@ _TABLE_ROWS: dict[bool, weakref.WeakKeyDictionary] = {
 }
 
 
+#: the last descriptor table per ``with_positions``: its states (by weak reference), their
+#: tensors' addresses and the table (a step's lookup and update pass the same states)
+_LAST_TABLES: dict[bool, tuple[tuple, tuple[int, ...], np.ndarray]] = {}
+
+
 def table_descriptors(op: str, states: Sequence[TableState], with_positions: bool) -> np.ndarray:
-    """``(T, TABLE_COLUMNS) int64`` descriptors; slot ``k`` is the optimizer's k-th slot."""
+    """``(T, TABLE_COLUMNS) int64`` descriptors; slot ``k`` is the optimizer's k-th slot
+    (the same array again while the states and their addresses are: do not write to it)."""
+    addresses = tuple(
+        p for state in states for p in (state.weight.data_ptr(), *_slot_addresses(state))
+    )
+    last = _LAST_TABLES.get(with_positions)
+    if (
+        last is not None
+        and last[1] == addresses
+        and len(last[0]) == len(states)
+        and all(r() is s for r, s in zip(last[0], states, strict=True))
+    ):
+        return last[2]
     rows = np.empty((len(states), TABLE_COLUMNS), dtype=np.int64)
     cache = _TABLE_ROWS[with_positions]
     for t, state in enumerate(states):
-        addresses = (state.weight.data_ptr(), *(s.data_ptr() for s in state.slots.values()))
+        mine = (state.weight.data_ptr(), *_slot_addresses(state))
         entry = cache.get(state)
-        if entry is None or entry[0] != addresses:
-            entry = cache[state] = (addresses, _table_row(op, state, with_positions))
+        if entry is None or entry[0] != mine:
+            entry = cache[state] = (mine, _table_row(op, state, with_positions))
         rows[t] = entry[1]
+    _LAST_TABLES[with_positions] = (tuple(weakref.ref(s) for s in states), addresses, rows)
     return rows
+
+
+def _slot_addresses(state: TableState) -> list[int]:
+    return [s.data_ptr() for s in state.slots.values()]
 
 
 def _table_row(op: str, state: TableState, with_positions: bool) -> np.ndarray:
@@ -194,8 +216,8 @@ def feature_descriptors(
     """``(F, FEATURE_COLUMNS) int64`` descriptors and ``(T+1,)`` first-feature offsets.
 
     ``rows[t][i]`` is feature ``i`` of table ``t``'s ``(samples, dim) float32`` activation
-    (written by the lookup) or gradient (read by the update). Tensors made contiguous here are
-    appended to ``keep`` so they outlive the kernel call.
+    (written by the lookup: its columns must be contiguous) or gradient (read by the update).
+    Tensors made contiguous here are appended to ``keep`` so they outlive the kernel call.
     """
     batch_rows, first, copies = _batch_rows(op, features)
     table = batch_rows.copy()
@@ -204,10 +226,17 @@ def feature_descriptors(
     for per_table, tensors in zip(features, rows, strict=True):
         for _, r in zip(per_table, tensors, strict=True):
             _check_tensor(op, "feature rows", r, torch.float32)
-            if r.dim() != 2 or (r.shape[1] > 1 and r.stride(1) != 1):
+            stride = r.stride()
+            if len(stride) != 2 or (stride[1] != 1 and r.shape[1] > 1):
+                if op == "lookup":
+                    raise NotImplementedError(
+                        "embcore.ops.lookup: backend 'cpu' writes outputs whose columns are "
+                        f"contiguous; got shape {tuple(r.shape)}, stride {stride}"
+                    )
                 r = r.contiguous()  # rows may be strided (e.g. slices of a stacked gradient)
                 keep.append(r)
+                stride = r.stride()
             addresses.append(r.data_ptr())
-            strides.append(r.stride(0) if r.dim() == 2 else 0)
+            strides.append(stride[0] if len(stride) == 2 else 0)
     table[:, F_ROWS], table[:, F_STRIDE] = addresses, strides
     return table, first
