@@ -257,7 +257,7 @@ def _limit(ids: int, rows: list[dict[str, float]], moved: dict[str, float]) -> N
     limit = limits.gather_bandwidth(5_500_000, ids, huge_pages=True, clock=_clock[0])["gb_s"]
     print()
     shares = []
-    for phase in KERNELS.values():
+    for phase in (*KERNELS.values(), "update: optimizer rule (kernel)"):
         ms = 1e3 * float(np.median([r[phase] for r in rows]))
         if ms > 0 and phase in moved:
             rate = moved[phase] / ms / 1e6
