@@ -13,6 +13,11 @@ table (docs/cpu_backend.md quotes one)::
     python benchmarks/phases.py --workload W1-quick --steps 4
     python benchmarks/phases.py --mainjob        # the main job's step (embcore train defaults)
     python benchmarks/phases.py --optimizer rowwise_adagrad --peer   # FBGEMM TBE in turn
+    python benchmarks/phases.py --threads 1 --cpu-time    # phases in process CPU time
+
+Under the table, the random-row gather limit measured in the same run (``torch.index_select``
+of as many random 256-byte rows as the step has ids, from a 5.5M-row table on 2 MiB pages, as
+``embcore bench`` measures it) and each kernel's GB/s as a share of it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sidebyside import limits
 from sidebyside.mainjob import embcore_step
 from sidebyside.systems.embcore_engine import Run
 from sidebyside.workloads import WORKLOADS, make_batches
@@ -65,16 +71,18 @@ PHASES = [
 ]
 
 _spent: dict[str, float] = defaultdict(float)
+#: what phases and steps are timed with (``--cpu-time``: process CPU time)
+_clock: list[Callable[[], float]] = [time.perf_counter]
 
 
 def _timed(name: str | Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = _clock[0]()
         try:
             return fn(*args, **kwargs)
         finally:
             key = name(*args) if callable(name) else name
-            _spent[key] += time.perf_counter() - start
+            _spent[key] += _clock[0]() - start
 
     return wrapper
 
@@ -160,9 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also step FBGEMM TBE (same optimizer, batches) in turn: whole-step times only",
     )
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time phases and steps in process CPU time (a shared machine; use --threads 1)",
+    )
+    p.add_argument(
+        "--no-limit", action="store_true", help="skip the random-row gather limit (1.4 GB table)"
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        _clock[0] = time.process_time
     keep_freed_memory()
     _instrument()  # before any engine is built: an engine reads the backend's entry points once
     if args.mainjob:
@@ -184,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             run.stacked = stacked
             _spent.clear()
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu = _clock[0](), time.process_time()
             run.step(i % len(batches))
-            step, cpu = time.perf_counter() - start, time.process_time() - cpu
+            step, cpu = _clock[0]() - start, time.process_time() - cpu
             if i >= args.warmup:
                 per_path[name].append(_phases(_spent, step))
                 per_path[name][-1]["whole step, CPU time"] = cpu
@@ -194,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                     resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
                 )
     moved = bytes_moved(workload, batches, args.optimizer)
+    clock = "process CPU time" if args.cpu_time else "wall time"
     print(
         f"{workload.name}, {args.optimizer}, {torch.get_num_threads()} threads: median ms per step "
-        f"over {args.steps} steps per path (interleaved), bytes each phase must move"
+        f"({clock}) over {args.steps} steps per path (interleaved), bytes each phase must move"
     )
     print()
     print("| phase | stacked() ms | dict ms | MB moved | GB/s (stacked) |")
@@ -222,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| FBGEMM TBE whole step (wall / CPU time) | {wall:.2f} / {peer_cpu:.2f} | | | |")
         print()
         print(f"FBGEMM / embcore stacked(), median of per-step CPU-time ratios: {over:.3f}")
+    if not args.no_limit:
+        _limit(int(np.mean([b.ids for b in batches])), per_path["stacked"], moved)
     print()
     print(
         f"dict / stacked, median of per-step CPU-time ratios: {ratio:.3f}; 1-minute load "
@@ -229,6 +250,22 @@ def main(argv: list[str] | None = None) -> int:
         "descheduled thread waits, so it holds better than wall time on a shared machine)"
     )
     return 0
+
+
+def _limit(ids: int, rows: list[dict[str, float]], moved: dict[str, float]) -> None:
+    """The random-row gather limit now, in this process, and each kernel's share of it."""
+    limit = limits.gather_bandwidth(5_500_000, ids, huge_pages=True, clock=_clock[0])["gb_s"]
+    print()
+    shares = []
+    for phase in (*KERNELS.values(), "update: optimizer rule (kernel)"):
+        ms = 1e3 * float(np.median([r[phase] for r in rows]))
+        if ms > 0 and phase in moved:
+            rate = moved[phase] / ms / 1e6
+            shares.append(f"{phase} {rate:.1f} GB/s ({rate / limit:.0%})")
+    print(
+        f"random-row gather {limit:.2f} GB/s (index_select of {ids} random 256-byte rows, "
+        f"2 MiB pages, same clock); stacked(): {'; '.join(shares)}"
+    )
 
 
 def _mainjob(args: argparse.Namespace) -> int:

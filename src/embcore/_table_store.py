@@ -121,9 +121,14 @@ class TableStore(Protocol):
         grads: Sequence[Sequence[Tensor]],
         rates: Sequence[float],
         step: int,
-    ) -> None:
+    ) -> bool | None:
         """One optimizer step of every table (``rates[t]``: table ``t``'s learning rate;
-        ``step``: 1-based count of updates, this one included)."""
+        ``step``: 1-based count of updates, this one included). A store whose
+        ``folds_finite_check`` is true (an optional attribute; absent means false) also
+        takes ``check_finite=True``: then a NaN or an Inf in any gradient changes nothing,
+        and it returns whether it applied the step. The engine asks for that only where no
+        other rank has to agree first and the update is not deferred, instead of checking
+        the gradients in a pass of its own."""
         ...
 
     def agree(self, error: Exception | None, non_finite: bool) -> Sequence[int]:

@@ -30,15 +30,9 @@ from embcore.engine._closing import Closing
 from embcore.engine._compiled import attach_ops, compiled_lookup
 from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
-from embcore.engine._gradients import (
-    check_gradients,
-    check_policy,
-    non_finite_error,
-    non_finite_features,
-)
+from embcore.engine._gradients import UpdatePath, check_gradients, check_policy
 from embcore.engine._pipeline import UpdatePipeline, pipelining
 from embcore.engine._placement import Placement
-from embcore.engine._rates import learning_rates
 from embcore.engine._state_dict import StateDictMethods
 from embcore.engine._store import (
     CounterTensor,
@@ -59,7 +53,7 @@ __all__ = ["EmbeddingEngine"]
 
 
 class EmbeddingEngine(
-    Closing, Placement, EnqueueDequeue, DynamicTablesAPI, StateDictMethods, nn.Module
+    Closing, Placement, EnqueueDequeue, UpdatePath, DynamicTablesAPI, StateDictMethods, nn.Module
 ):
     """Embedding tables with their optimizers, looked up and trained as on a TPU.
 
@@ -285,7 +279,7 @@ class EmbeddingEngine(
         slices = None
         if out is not None:
             flat_out = out.view(-1, len(batches), out.shape[-1])
-            slices = self._by_table([flat_out[:, f, :] for f in range(len(batches))])
+            slices = self._by_table(list(flat_out.unbind(1)))  # one call for every slice
         with torch.no_grad():
             per_table = self.store.lookup(self._by_table(batches), slices, training)
         # pipelined: the previous step's update lands after this step's lookup; on the CPU it
@@ -330,39 +324,6 @@ class EmbeddingEngine(
         if missing is not None and none and error is None:
             missing(none)
         self._update(batches, shaped, error, whole)
-
-    def _update(
-        self,
-        batches: list[FeatureBatch],
-        grads: list[Tensor],
-        error: Exception | None,
-        whole: Tensor | None,
-    ) -> None:
-        self._check_open()
-        bad = (
-            []
-            if error
-            else non_finite_features(self._backend, self._features, self._tables, grads, whole)
-        )
-        ranks = self.store.agree(error, bool(bad))
-        if ranks:
-            if self.non_finite_gradients == "raise":
-                raise non_finite_error(bad, ranks)
-            self.skipped_steps += 1
-            return
-        rates = learning_rates(self._tables, self._step + 1)
-        if self.pipelined:
-            self._pipeline.defer(self._apply_update, batches, grads, rates)  # one may still run
-        else:
-            self._apply_update(batches, grads, rates)
-
-    def _apply_update(
-        self, batches: list[FeatureBatch], grads: list[Tensor], rates: list[float]
-    ) -> None:
-        with torch.no_grad():
-            step = int(self._step) + 1
-            self.store.update(self._by_table(batches), self._by_table(grads), rates, step)
-            self._step += 1
 
     def flush(self) -> None:
         """Apply a pipelined update still waiting for the next lookup (no-op otherwise)."""

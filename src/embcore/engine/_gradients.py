@@ -2,7 +2,8 @@
 
 Every gradient is checked before any table is written: a wrong type or shape raises naming the
 feature; a NaN or an Inf raises (``non_finite_gradients="raise"``) or drops the step
-(``"skip"``), on every rank alike. See docs/architecture.md.
+(``"skip"``), on every rank alike. :class:`UpdatePath` gives the engine the step from checked
+gradients to its update. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ from torch import Tensor
 
 from embcore import ops
 from embcore.config import ResolvedFeature, ResolvedTable
+from embcore.engine._rates import learning_rates
 from embcore.inputs import FeatureBatch
 
-__all__ = ["POLICIES", "check_gradients", "check_policy", "non_finite_error", "non_finite_features"]
+__all__ = [
+    "POLICIES",
+    "UpdatePath",
+    "check_gradients",
+    "check_policy",
+    "folds_finite_check",
+    "non_finite_error",
+    "non_finite_features",
+]
 
 #: what a step with a NaN or Inf gradient does
 POLICIES = ("raise", "skip")
@@ -97,6 +107,19 @@ def non_finite_features(
     ]
 
 
+def folds_finite_check(store: Any, pipelined: bool, tables: Sequence[ResolvedTable]) -> bool:
+    """Whether the store's update itself checks the gradients for NaN and Inf, in the
+    backend's own pass over them, instead of the engine in a pass before it: where the store
+    can (``folds_finite_check``: one process, so no other rank must agree first), the update
+    is not deferred (pipelined, the step's error is due now) and no learning rate is a
+    callable (it is read before the update, and must be read only on steps that apply)."""
+    return (
+        getattr(store, "folds_finite_check", False)
+        and not pipelined
+        and not any(callable(t.optimizer.learning_rate) for t in tables)  # type: ignore[union-attr]
+    )
+
+
 def non_finite_error(features: list[str], ranks: Sequence[int]) -> ValueError:
     """The error of the ``"raise"`` policy: this rank's features, or the other ranks."""
     if features:
@@ -108,3 +131,56 @@ def non_finite_error(features: list[str], ranks: Sequence[int]) -> ValueError:
         f"gradients on rank(s) {list(ranks)} have NaN or Inf values; no rank updated its tables "
         "(non_finite_gradients='skip' drops such steps instead)"
     )
+
+
+class UpdatePath:
+    """The step from checked gradients to the update, for :class:`EmbeddingEngine`: the
+    non-finite policy (settled on every rank first, or within the update's own pass over the
+    gradients where :func:`folds_finite_check` allows), the learning rates, and the update,
+    applied now or deferred (pipelined)."""
+
+    def _update(
+        self: Any,
+        batches: list[FeatureBatch],
+        grads: list[Tensor],
+        error: Exception | None,
+        whole: Tensor | None,
+    ) -> None:
+        self._check_open()  # a closed engine (EmbeddingEngine.close) takes no update
+
+        def check() -> list[str]:
+            return non_finite_features(self._backend, self._features, self._tables, grads, whole)
+
+        folded = folds_finite_check(self.store, self.pipelined, self._tables)
+        bad = [] if error or folded else check()
+        ranks = self.store.agree(error, bool(bad))
+        if not ranks:
+            rates = learning_rates(self._tables, self._step + 1)
+            if self.pipelined:
+                self._pipeline.defer(self._apply_update, batches, grads, rates)  # one may run
+                return
+            if self._apply_update(batches, grads, rates, check_finite=folded):
+                return
+            bad, ranks = check(), [self.rank]  # the update found a NaN or an Inf: no change
+        if self.non_finite_gradients == "raise":
+            raise non_finite_error(bad, ranks)
+        self.skipped_steps += 1
+
+    def _apply_update(
+        self: Any,
+        batches: list[FeatureBatch],
+        grads: list[Tensor],
+        rates: list[float],
+        check_finite: bool = False,
+    ) -> bool:
+        """Apply the update (``check_finite``: the store checks the gradients first, within
+        its own pass, and drops a step with a NaN or an Inf); whether it was applied."""
+        with torch.no_grad():
+            step = int(self._step) + 1
+            args = (self._by_table(batches), self._by_table(grads), rates, step)
+            if not check_finite:
+                self.store.update(*args)
+            elif not self.store.update(*args, check_finite=True):
+                return False
+            self._step.add_(1)
+        return True

@@ -45,6 +45,12 @@ class LocalStore(nn.Module):
         env = RowEnv(config.seed, config.device, config.storage_dtype, config.stochastic_rounding)
         #: each table's row storage, in table order
         self.rows = nn.ModuleList([make_rows(t, env) for t in self.tables])  # type: ignore[misc]
+        #: :meth:`update` takes ``check_finite=True`` (checked within the backend's own pass
+        #: over the gradients) where the backend can and every table has dense rows, whose
+        #: ``for_update`` changes nothing: a step the check drops leaves nothing to undo
+        self.folds_finite_check = self.backend.UPDATE_CHECKS_FINITE and all(
+            r.kind == "dense" for r in self.rows
+        )
 
     def _row(self, table: int) -> RowStore:
         return self.rows[table]  # type: ignore[return-value]
@@ -103,12 +109,16 @@ class LocalStore(nn.Module):
         grads: Sequence[Sequence[Tensor]],
         rates: Sequence[float],
         step: int,
-    ) -> None:
+        check_finite: bool = False,
+    ) -> bool:
         rows = list(self.rows)
         mapped = [r.for_update(b) for r, b in zip(rows, features, strict=True)]
-        ops.update(self.backend, [r.state() for r in rows], mapped, grads, rates, step)
+        states = [r.state() for r in rows]
+        if not ops.update(self.backend, states, mapped, grads, rates, step, check_finite):
+            return False
         for r in rows:
             r.end_step()
+        return True
 
     def prefetch(self, features: Sequence[Sequence[FeatureBatch]]) -> None:
         """A batch prepared ahead (``EmbeddingEngine.prepare``): row storages that read rows

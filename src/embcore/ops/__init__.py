@@ -112,9 +112,25 @@ def update(
     grads: Sequence[Sequence[Tensor]],
     lrs: Sequence[float],
     step: int,
-) -> None:
-    """One optimizer step for every table, on the rows its features touched (in place)."""
-    _resolved(backend).update(states, features, grads, lrs, step)
+    check_finite: bool = False,
+) -> bool:
+    """One optimizer step for every table, on the rows its features touched (in place).
+
+    Args:
+        check_finite: if any gradient holds a NaN or an Inf, write no table and return
+            ``False`` (checked within the update's own pass over the gradients where the
+            backend has ``UPDATE_CHECKS_FINITE``, else by a pass before it).
+
+    Returns:
+        Whether the step was applied.
+    """
+    module = _resolved(backend)
+    if check_finite and module.UPDATE_CHECKS_FINITE:
+        return bool(module.update(states, features, grads, lrs, step, check_finite=True))
+    if check_finite and any(module.non_finite([g for per_table in grads for g in per_table])):
+        return False
+    module.update(states, features, grads, lrs, step)
+    return True
 
 
 def non_finite(backend: str | Backend, tensors: Sequence[Tensor]) -> list[bool]:

@@ -36,11 +36,16 @@ class Backend(Protocol):
         STORAGE_DTYPES: the dtypes it stores tables in (slots and math stay float32).
         LOOKUP_WRITES_OUT: whether ``lookup`` takes ``out=`` (preallocated activations, e.g.
             the slices of one stacked tensor) and writes into it; otherwise the dispatch copies.
+        UPDATE_CHECKS_FINITE: whether ``update`` takes ``check_finite=`` (checks every
+            gradient for NaN and Inf within its own pass over them, writes no table if one
+            has such a value, and returns whether it applied the step); otherwise the
+            dispatch checks first, with ``non_finite``.
     """
 
     NAME: str
     STORAGE_DTYPES: tuple[torch.dtype, ...]
     LOOKUP_WRITES_OUT: bool
+    UPDATE_CHECKS_FINITE: bool
 
     def lookup(
         self,
@@ -59,8 +64,9 @@ class Backend(Protocol):
         grads: Sequence[Sequence[Tensor]],
         lrs: Sequence[float],
         step: int,
-    ) -> None:
-        """One optimizer step per table, on the rows its features touched, in place."""
+    ) -> bool | None:
+        """One optimizer step per table, on the rows its features touched, in place
+        (``check_finite=`` is passed only to backends with ``UPDATE_CHECKS_FINITE``)."""
         ...
 
     def non_finite(self, tensors: Sequence[Tensor]) -> list[bool]:
@@ -76,8 +82,9 @@ class ResolvedBackend:
     NAME: str
     STORAGE_DTYPES: tuple[torch.dtype, ...]
     LOOKUP_WRITES_OUT: bool
+    UPDATE_CHECKS_FINITE: bool
     lookup: Callable[..., list[list[Tensor]]]
-    update: Callable[..., None]
+    update: Callable[..., bool | None]
     non_finite: Callable[[Sequence[Tensor]], list[bool]]
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -25,6 +25,7 @@ __all__ = [
     "LOOKUP_WRITES_OUT",
     "NAME",
     "STORAGE_DTYPES",
+    "UPDATE_CHECKS_FINITE",
     "gains",
     "lookup",
     "lookup_table",
@@ -37,6 +38,8 @@ NAME = "reference"
 STORAGE_DTYPES = (torch.float32,)
 #: ``lookup`` returns fresh activations (the dispatch copies them into ``out=``)
 LOOKUP_WRITES_OUT = False
+#: ``update`` takes no ``check_finite=``: the dispatch checks with ``non_finite`` first
+UPDATE_CHECKS_FINITE = False
 
 
 def non_finite(tensors: Sequence[Tensor]) -> list[bool]:

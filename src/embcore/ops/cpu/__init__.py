@@ -11,6 +11,9 @@ unique rows, split across threads, applies gradient clip, weight decay, the opti
 When every table has the same lazy optimizer and its rule has a ``fused`` kernel (Adagrad,
 row-wise Adagrad), every id is range-checked first and the rule of each table whose summed
 gradients fit in ``FUSE_BYTES`` runs right after its own dedup, while they are in cache.
+With ``check_finite`` the dedup also checks every gradient for NaN and Inf as it reads it,
+and every table's dedup runs before any rule, so a bad gradient changes nothing
+(``UPDATE_CHECKS_FINITE``): the engine then needs no separate pass over the gradients.
 
 Results match :mod:`embcore.ops.reference` to float32 rounding (the same sums in the same
 order), and rows no id touched are never written. Tensors must be float32 / int64 on the CPU
@@ -40,6 +43,8 @@ with kernels_cached_in(kernel_cache_dir()):
     from embcore.ops.cpu import crc32c, dedup, farmhash, finite, gather, threads  # noqa: F401
     from embcore.ops.cpu.layout import (
         F_IDS,
+        F_TABLE,
+        T_DIM,
         T_VOCAB,
         feature_descriptors,
         positions,
@@ -48,7 +53,15 @@ with kernels_cached_in(kernel_cache_dir()):
     from embcore.ops.cpu.rules import RULES
     from embcore.ops.cpu.rules._rows import common_row, float32_rows
 
-__all__ = ["LOOKUP_WRITES_OUT", "NAME", "STORAGE_DTYPES", "lookup", "non_finite", "update"]
+__all__ = [
+    "LOOKUP_WRITES_OUT",
+    "NAME",
+    "STORAGE_DTYPES",
+    "UPDATE_CHECKS_FINITE",
+    "lookup",
+    "non_finite",
+    "update",
+]
 
 NAME = "cpu"
 STORAGE_DTYPES = (torch.float32,)
@@ -72,6 +85,8 @@ def _raise_bad_ids(
 
 #: ``lookup`` writes into caller-provided outputs (see :func:`embcore.ops.lookup`)
 LOOKUP_WRITES_OUT = True
+#: ``update`` takes ``check_finite=`` and checks within its dedup (see :func:`update`)
+UPDATE_CHECKS_FINITE = True
 
 
 def lookup(
@@ -87,12 +102,6 @@ def lookup(
             [torch.empty(b.num_samples, s.weight.shape[1], dtype=torch.float32) for b in batches]
             for s, batches in zip(states, features, strict=True)
         ]
-    for row in (r for rows in outs for r in rows):
-        if row.dim() != 2 or (row.shape[1] > 1 and row.stride(1) != 1):
-            raise NotImplementedError(
-                "embcore.ops.lookup: backend 'cpu' writes outputs whose columns are contiguous; "
-                f"got shape {tuple(row.shape)}, stride {row.stride()}"
-            )
     keep: list[Tensor] = []
     tables = table_descriptors("lookup", states, with_positions=False)
     feats, _ = feature_descriptors("lookup", features, outs, keep)
@@ -164,20 +173,26 @@ def update(
     grads: Sequence[Sequence[Tensor]],
     lrs: Sequence[float],
     step: int,
-) -> None:
-    """One optimizer step for every table, on the rows its features touched (in place)."""
+    check_finite: bool = False,
+) -> bool:
+    """One optimizer step for every table, on the rows its features touched (in place).
+
+    ``check_finite``: the dedup checks every gradient row it reads (and the rows of empty
+    bags) for NaN and Inf, and every table's dedup runs before the first rule; if one holds
+    such a value, no table is written and this returns ``False``. Otherwise ``True``.
+    """
     check_updatable("cpu", states, RULES)
     if not states:
-        return
+        return True
     keep: list[Tensor] = []
     tables = table_descriptors("update", states, with_positions=True)
     feats, first = feature_descriptors("update", features, grads, keep)
     base = np.zeros(len(states) + 1, dtype=np.int64)
-    base[1:] = np.cumsum([sum(b.values.numel() for b in batches) for batches in features])
+    per_table = np.bincount(feats[:, F_TABLE], weights=feats[:, F_IDS], minlength=len(states))
+    base[1:] = np.cumsum(per_table.astype(np.int64))
     ids = int(base[-1])
-    dims = np.array([s.weight.shape[1] for s in states], dtype=np.int64)
     offset = np.zeros(len(states) + 1, dtype=np.int64)
-    offset[1:] = np.cumsum(np.diff(base) * dims)
+    offset[1:] = np.cumsum(np.diff(base) * tables[:, T_DIM])
     with _workspace_lock:  # one update at a time uses the shared gradient workspace
         plan = (
             base,
@@ -186,6 +201,7 @@ def update(
             offset,  # each table's gradient block in the workspace
             _workspace(int(offset[-1])),
             np.zeros(1, dtype=np.int64),  # the work counter workers claim from
+            np.zeros(len(states), dtype=np.int64),  # tables whose gradients are not finite
         )
         workers = threads.num_workers(ids)
         order = _biggest_first(base)
@@ -193,7 +209,7 @@ def update(
         (kind, lazy), members = next(iter(groups.items()))
         fused = getattr(RULES[kind], "fused", None) if lazy and len(groups) == 1 else None
         fuse = np.zeros(len(states), dtype=np.int64)
-        if fused is not None:  # tables whose summed gradients stay in cache until the rule
+        if fused is not None and not check_finite:  # summed gradients still in cache for the rule
             fuse[:] = 4 * np.diff(offset) <= FUSE_BYTES
         if fuse.any():  # every id is checked first: no table may change if one is bad
             if sum(threads.run(dedup.out_of_range, tables, feats, workers=workers)):
@@ -202,11 +218,18 @@ def update(
             args = (tables, feats, first, plan, order, fuse, hp, common)
             threads.run(fused, *args, workers=workers)
             groups = {(kind, lazy): [t for t in members if not fuse[t]]}
-        elif sum(
-            threads.run(dedup.unique_gradients, tables, feats, first, plan, order, workers=workers)
-        ):
-            _raise_bad_ids("update", states, features)
+        else:
+            bad = sum(
+                threads.run(
+                    dedup.unique_gradients, tables, feats, first, plan, order, workers=workers
+                )
+            )
+            if check_finite and plan[6].any():
+                return False
+            if bad:
+                _raise_bad_ids("update", states, features)
         _apply_rules(states, lrs, step, tables, plan, groups)
+    return True
 
 
 def _groups(states: Sequence[TableState]) -> dict[tuple[type, bool], list[int]]:

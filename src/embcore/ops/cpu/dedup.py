@@ -10,7 +10,10 @@ row ``u`` of the table's gradient block::
                                            u=1: g(3) = c1
                                            u=2: g(9) = c3
 
-Occurrences are added in the reference's order, so the sums agree to the last bit. The
+Occurrences are added in the reference's order, so the sums agree to the last bit. Every
+gradient row is checked for NaN and Inf on its way in (empty bags' rows too): ``plan[6][t]``
+says whether table ``t``'s gradients hold one, so a caller can drop the step before any rule
+writes a table, without a separate pass over the gradients. The
 activation gradients are read sequentially and new rows are appended, so the pass streams;
 the block lives in a workspace reused across steps. Dedup uses the table's persistent
 sparse-set index (:func:`.layout.positions`), never an allocation proportional to the
@@ -71,6 +74,7 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
     """
     base, unique, count, offset, gradients = plan[0], plan[1], plan[2], plan[3], plan[4]
     bad = 0
+    non_finite = False
     vocab, dim = tables[t, T_VOCAB], tables[t, T_DIM]
     pos = i32_vector(tables[t, T_POSITIONS], vocab)
     rows = unique[base[t] :]
@@ -97,6 +101,8 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
             lo, hi = offsets[s], offsets[s + 1]
             scale = sample_scale(weights, lo, hi, combiner)
             src = f32_vector(grads + 4 * stride * s, dim)
+            for d in range(dim):  # x - x is NaN exactly for NaN and +-inf (an integer OR)
+                non_finite |= (src[d] - src[d]) != np.float32(0.0)
             if s + PREFETCH_SAMPLES < samples:  # strided rows defeat the hardware prefetcher
                 ahead = grads + 4 * stride * (s + PREFETCH_SAMPLES)
                 for line in range(0, 4 * dim, 64):
@@ -136,6 +142,7 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
                     for d in range(dim):
                         out[d] += g * src[d]
     count[t] = n
+    plan[6][t] = 1 if non_finite else 0
     return bad
 
 
@@ -143,9 +150,10 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
 def unique_gradients(  # type: ignore[no-untyped-def]
     tables, features, first, plan, order, worker, workers
 ):
-    """Fill ``plan = (base, unique, count, offset, gradients, counter)``: table ``t``'s
-    unique rows at ``unique[base[t]:]`` and their gradients as a ``(count[t], dim)`` block at
-    ``gradients[offset[t]:]``. Workers claim tables from ``counter`` in ``order`` (biggest
+    """Fill ``plan = (base, unique, count, offset, gradients, counter, non_finite)``: table
+    ``t``'s unique rows at ``unique[base[t]:]``, their gradients as a ``(count[t], dim)``
+    block at ``gradients[offset[t]:]``, and ``non_finite[t]`` 1 if any of its gradient rows
+    holds a NaN or an Inf (else 0). Workers claim tables from ``counter`` in ``order`` (biggest
     first, so the last ones claimed are small).
 
     Returns:

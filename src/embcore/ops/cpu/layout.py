@@ -1,7 +1,8 @@
 """Descriptor tables: what a kernel needs to find every table and feature of a step.
 
 Each row is ``int64``: addresses (``tensor.data_ptr()``) and sizes. Building them costs a few
-microseconds per feature and copies no data::
+microseconds per feature and copies no data; the part of the feature rows that depends only on
+the batches is built once for the lookup and the update of a step::
 
     tables   (T, TABLE_COLUMNS)    weight, vocab, dim, slot0, width0, slot1, width1, positions
     features (F, FEATURE_COLUMNS)  table, values, offsets, weights (0: none), samples, ids,
@@ -14,6 +15,7 @@ Features are listed table by table, so table ``t`` owns features ``first[t]:firs
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -90,17 +92,39 @@ _TABLE_ROWS: dict[bool, weakref.WeakKeyDictionary] = {
 }
 
 
+#: the last descriptor table per ``with_positions``: its states (by weak reference), their
+#: tensors' addresses and the table (a step's lookup and update pass the same states)
+_LAST_TABLES: dict[bool, tuple[tuple, tuple[int, ...], np.ndarray]] = {}
+
+
 def table_descriptors(op: str, states: Sequence[TableState], with_positions: bool) -> np.ndarray:
-    """``(T, TABLE_COLUMNS) int64`` descriptors; slot ``k`` is the optimizer's k-th slot."""
+    """``(T, TABLE_COLUMNS) int64`` descriptors; slot ``k`` is the optimizer's k-th slot
+    (the same array again while the states and their addresses are: do not write to it)."""
+    addresses = tuple(
+        p for state in states for p in (state.weight.data_ptr(), *_slot_addresses(state))
+    )
+    last = _LAST_TABLES.get(with_positions)
+    if (
+        last is not None
+        and last[1] == addresses
+        and len(last[0]) == len(states)
+        and all(r() is s for r, s in zip(last[0], states, strict=True))
+    ):
+        return last[2]
     rows = np.empty((len(states), TABLE_COLUMNS), dtype=np.int64)
     cache = _TABLE_ROWS[with_positions]
     for t, state in enumerate(states):
-        addresses = (state.weight.data_ptr(), *(s.data_ptr() for s in state.slots.values()))
+        mine = (state.weight.data_ptr(), *_slot_addresses(state))
         entry = cache.get(state)
-        if entry is None or entry[0] != addresses:
-            entry = cache[state] = (addresses, _table_row(op, state, with_positions))
+        if entry is None or entry[0] != mine:
+            entry = cache[state] = (mine, _table_row(op, state, with_positions))
         rows[t] = entry[1]
+    _LAST_TABLES[with_positions] = (tuple(weakref.ref(s) for s in states), addresses, rows)
     return rows
+
+
+def _slot_addresses(state: TableState) -> list[int]:
+    return [s.data_ptr() for s in state.slots.values()]
 
 
 def _table_row(op: str, state: TableState, with_positions: bool) -> np.ndarray:
@@ -131,6 +155,58 @@ def _table_row(op: str, state: TableState, with_positions: bool) -> np.ndarray:
     return row
 
 
+#: the batch part of the last few steps' feature descriptors (the lookup and the update of
+#: one step share their batches, and an input pipeline may hand the same prepared batch again)
+_BATCH_ROWS: dict[tuple[int, ...], tuple[tuple, np.ndarray, np.ndarray, list[Tensor]]] = {}
+_BATCH_ROWS_KEPT = 4
+_batch_rows_lock = threading.Lock()
+
+
+def _batch_rows(
+    op: str, features: Sequence[Sequence[FeatureBatch]]
+) -> tuple[np.ndarray, np.ndarray, list[Tensor]]:
+    """The columns of the feature descriptors that depend only on the batches (everything
+    but ``F_ROWS`` and ``F_STRIDE``), the first-feature offsets, and the tensors made
+    contiguous for them; built and checked once per list of batches (held by weak
+    reference, so a dropped batch is never matched again)."""
+    flat = [b for batches in features for b in batches]
+    key = (*map(id, flat), *map(len, features))
+    with _batch_rows_lock:
+        entry = _BATCH_ROWS.get(key)
+    if entry is not None and all(r() is b for r, b in zip(entry[0], flat, strict=True)):
+        return entry[1], entry[2], entry[3]
+    table = np.zeros((len(flat), FEATURE_COLUMNS), dtype=np.int64)
+    first = np.zeros(len(features) + 1, dtype=np.int64)
+    copies: list[Tensor] = []
+    f = 0
+    for t, batches in enumerate(features):
+        for batch in batches:
+            values, offsets, weights = batch.values, batch.offsets, batch.weights
+            _check_tensor(op, "feature values", values, torch.int64)
+            _check_tensor(op, "feature offsets", offsets, torch.int64)
+            values, offsets = values.contiguous(), offsets.contiguous()
+            row = table[f]
+            row[F_TABLE], row[F_VALUES], row[F_OFFSETS] = t, values.data_ptr(), offsets.data_ptr()
+            if weights is not None:
+                _check_tensor(op, "feature weights", weights, torch.float32)
+                weights = weights.contiguous()
+                row[F_WEIGHTS] = weights.data_ptr()
+            copies += [
+                x for x, y in ((values, batch.values), (offsets, batch.offsets)) if x is not y
+            ]
+            if weights is not None and weights is not batch.weights:
+                copies.append(weights)
+            row[F_SAMPLES], row[F_IDS] = offsets.numel() - 1, values.numel()
+            row[F_COMBINER] = COMBINERS[batch.combiner]
+            f += 1
+        first[t + 1] = f
+    with _batch_rows_lock:
+        _BATCH_ROWS[key] = (tuple(weakref.ref(b) for b in flat), table, first, copies)
+        while len(_BATCH_ROWS) > _BATCH_ROWS_KEPT:
+            del _BATCH_ROWS[next(iter(_BATCH_ROWS))]
+    return table, first, copies
+
+
 def feature_descriptors(
     op: str,
     features: Sequence[Sequence[FeatureBatch]],
@@ -140,33 +216,27 @@ def feature_descriptors(
     """``(F, FEATURE_COLUMNS) int64`` descriptors and ``(T+1,)`` first-feature offsets.
 
     ``rows[t][i]`` is feature ``i`` of table ``t``'s ``(samples, dim) float32`` activation
-    (written by the lookup) or gradient (read by the update). Tensors made contiguous here are
-    appended to ``keep`` so they outlive the kernel call.
+    (written by the lookup: its columns must be contiguous) or gradient (read by the update).
+    Tensors made contiguous here are appended to ``keep`` so they outlive the kernel call.
     """
-    count = sum(len(f) for f in features)
-    table = np.zeros((count, FEATURE_COLUMNS), dtype=np.int64)
-    first = np.zeros(len(features) + 1, dtype=np.int64)
-    f = 0
-    for t, (batches, tensors) in enumerate(zip(features, rows, strict=True)):
-        for batch, r in zip(batches, tensors, strict=True):
-            values, offsets, weights = batch.values, batch.offsets, batch.weights
-            _check_tensor(op, "feature values", values, torch.int64)
-            _check_tensor(op, "feature offsets", offsets, torch.int64)
+    batch_rows, first, copies = _batch_rows(op, features)
+    table = batch_rows.copy()
+    keep += copies
+    addresses, strides = [], []
+    for per_table, tensors in zip(features, rows, strict=True):
+        for _, r in zip(per_table, tensors, strict=True):
             _check_tensor(op, "feature rows", r, torch.float32)
-            values, offsets = values.contiguous(), offsets.contiguous()
-            if r.dim() != 2 or (r.shape[1] > 1 and r.stride(1) != 1):
+            stride = r.stride()
+            if len(stride) != 2 or (stride[1] != 1 and r.shape[1] > 1):
+                if op == "lookup":
+                    raise NotImplementedError(
+                        "embcore.ops.lookup: backend 'cpu' writes outputs whose columns are "
+                        f"contiguous; got shape {tuple(r.shape)}, stride {stride}"
+                    )
                 r = r.contiguous()  # rows may be strided (e.g. slices of a stacked gradient)
-            keep += (values, offsets, r)
-            row = table[f]
-            row[F_TABLE], row[F_VALUES], row[F_OFFSETS] = t, values.data_ptr(), offsets.data_ptr()
-            if weights is not None:
-                _check_tensor(op, "feature weights", weights, torch.float32)
-                weights = weights.contiguous()
-                keep.append(weights)
-                row[F_WEIGHTS] = weights.data_ptr()
-            row[F_SAMPLES], row[F_IDS] = offsets.numel() - 1, values.numel()
-            row[F_COMBINER], row[F_ROWS] = COMBINERS[batch.combiner], r.data_ptr()
-            row[F_STRIDE] = r.stride(0) if r.dim() == 2 else 0
-            f += 1
-        first[t + 1] = f
+                keep.append(r)
+                stride = r.stride()
+            addresses.append(r.data_ptr())
+            strides.append(stride[0] if len(stride) == 2 else 0)
+    table[:, F_ROWS], table[:, F_STRIDE] = addresses, strides
     return table, first

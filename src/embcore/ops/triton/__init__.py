@@ -42,6 +42,7 @@ __all__ = [
     "MAX_DIM",
     "NAME",
     "STORAGE_DTYPES",
+    "UPDATE_CHECKS_FINITE",
     "lookup",
     "non_finite",
     "update",
@@ -51,6 +52,8 @@ NAME = "triton"
 STORAGE_DTYPES = tuple(STORAGE_CODES)
 #: ``lookup`` returns fresh activations (the dispatch copies them into ``out=``)
 LOOKUP_WRITES_OUT = False
+#: ``update`` takes no ``check_finite=``: the dispatch checks with ``non_finite`` first
+UPDATE_CHECKS_FINITE = False
 
 #: the widest row a program holds in registers
 MAX_DIM = 4096

@@ -85,6 +85,8 @@ def common_row(optimizer: Optimizer, lr: float) -> list[float]:
 
 def float32_rows(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
     """``(len(rows), width) float32``, for ``common`` and rule hyperparameters."""
+    if rows and width > 0 and all(len(r) == width for r in rows):
+        return np.array(rows, dtype=np.float32)  # one call (the usual case)
     out = np.zeros((len(rows), max(width, 1)), dtype=np.float32)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
