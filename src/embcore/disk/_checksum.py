@@ -9,9 +9,8 @@ is used (docs/disk_tables.md, "Faults").
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from embcore.ops.cpu.crc32c import _CRC_TABLE
+from embcore.ops.cpu.crc32c import crc32c_rows
 
 __all__ = ["damaged", "seal"]
 
@@ -19,23 +18,12 @@ __all__ = ["damaged", "seal"]
 _START = 8
 
 
-@njit(cache=True, nogil=True)
-def _crcs(data, table, out):  # pragma: no cover - compiled
-    for r in range(data.shape[0]):
-        crc = np.uint32(0xFFFFFFFF)
-        for b in data[r]:
-            crc = table[(crc ^ b) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
-        out[r] = crc ^ np.uint32(0xFFFFFFFF)
-
-
 def _checksums(records: np.ndarray) -> np.ndarray:
     """``(N,) uint32``: the CRC-32C of each record's id and values (not its padding)."""
     fields = records.dtype.fields
     stop = max(offset + dtype.itemsize for dtype, offset, *_ in fields.values())
     raw = records.view(np.uint8).reshape(records.size, records.dtype.itemsize)
-    out = np.empty(records.size, np.uint32)
-    _crcs(raw[:, _START:stop], _CRC_TABLE, out)
-    return out
+    return crc32c_rows(raw[:, _START:stop])
 
 
 def seal(records: np.ndarray) -> None:
