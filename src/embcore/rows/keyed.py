@@ -16,8 +16,6 @@ Persisted as content by key (``"keyed"`` records). See docs/dynamic_tables.md.
 from __future__ import annotations
 
 import dataclasses
-import math
-import mmap
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv
 from embcore.rows._key_shard import KeyShard
 from embcore.rows._module import RowModule
+from embcore.rows._zeros import lazy_zeros as _zeros
 
 __all__ = ["SINK", "KeyedRows"]
 
@@ -47,10 +46,9 @@ SINK = 0
 _REMEMBERED = 4
 _MIN_CAPACITY = 16
 #: on the CPU, the buffers grow within arrays this many times their size (virtual memory:
-#: pages are mapped as rows are used), so that most growth copies nothing
-_RESERVE = 8
-#: CPU buffers from this size on are anonymous mappings asking for 2 MiB pages
-_MAPPED_BYTES = 2 << 20
+#: pages are mapped as rows are used), so that most growth copies nothing (falling back to
+#: the size needed where so much address space is refused)
+_RESERVE = 32
 
 
 class KeyedRows(KeyShard, RowModule):
@@ -316,7 +314,8 @@ class KeyedRows(KeyShard, RowModule):
     def _reserve(self, rows: int) -> None:
         """Room for ``rows`` key-space rows (plus the sink), doubling the capacity. On the
         CPU the buffers are the first rows of arrays ``_RESERVE`` times larger, untouched
-        pages until used: growing within them is a longer view (no copy, no allocation)."""
+        pages until used: growing within them is a longer view (no copy, no allocation);
+        past them only the rows handed out so far are copied."""
         have = self.tensor("weight").shape[0] - 1
         if rows <= have:
             return
@@ -331,15 +330,19 @@ class KeyedRows(KeyShard, RowModule):
                 self.put(name, spare[name][:size])
             return
         reserved = size * _RESERVE if self._device.type == "cpu" else size
-        try:
-            fresh = _buffers(self.table, reserved, self._device, self._dtype)
-        except (MemoryError, RuntimeError) as e:  # torch reports an allocation as either
+        for attempt in dict.fromkeys((reserved, size)):
+            try:
+                fresh = _buffers(self.table, attempt, self._device, self._dtype)
+                break
+            except (MemoryError, RuntimeError) as e:  # torch reports an allocation as either
+                error = e
+        else:
             dim = self.table.dim
             raise IndexMemoryError(
                 f"table '{self.table.name}': could not grow the rows and optimizer slots "
                 f"({', '.join(names)}) from {have + 1} to {size} rows of dim {dim} for a "
                 f"training lookup ({len(self.space)} keys held); nothing was changed"
-            ) from e
+            ) from error
         used = 1 + self.space.num_rows  # the sink and every row handed out: the rest is spare
         for name in names:
             fresh[name][:used] = self.tensor(name)[:used]
@@ -426,23 +429,3 @@ def _buffers(
         out[spec.name] = _zeros(spec.shape(size, table.dim), torch.float32, device)
         out[spec.name][SINK].fill_(spec.initial_value)
     return out
-
-
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A zero tensor; on the CPU untouched pages until used: an anonymous private mapping
-    asking for 2 MiB pages from ``_MAPPED_BYTES`` on (random rows miss the TLB less), else
-    ``calloc`` (NumPy), instead of the caller writing every byte now."""
-    if torch.device(device).type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    if nbytes < _MAPPED_BYTES:
-        raw = np.zeros(nbytes, np.uint8)
-    else:
-        try:
-            block = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except OSError as e:
-            raise MemoryError(f"could not map {nbytes} bytes: {e}") from e
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            block.madvise(mmap.MADV_HUGEPAGE)
-        raw = np.frombuffer(block, np.uint8)
-    return torch.from_numpy(raw).view(dtype).view(shape)
