@@ -298,23 +298,23 @@ def dynamic_markdown(results: dict) -> str:
         "## Dynamic tables (W3)",
         "",
         "W3 is W1's shape with raw 64-bit keys: the same Zipf ids as W1 (the same seeded "
-        "batches), each mixed through a 64-bit hash (SplitMix64's finalizer), in dynamic tables "
-        "(`TableConfig(vocabulary_size=None)`, docs/dynamic_tables.md) that start empty and "
-        "admit every key on first sight, so the timed steps include the inserts of new keys "
-        "and the growth of the row storage. It runs in the same process as W1, the workloads "
-        "taking turns within each run; the ratio below is taken within each run. New rows "
-        "take the dynamic tables' default initializer (drawn inside the lookup's kernel); the "
-        "row \"W1's initializer\" starts them from W1's initializer instead (a user "
-        "initializer, called once per lookup). W3-evict adds eviction (the workload line "
-        "above says how much), which bites from the first steps. The peers keep one fixed-size "
-        "table per feature, sized for every distinct key of the workload up front: plain "
-        "PyTorch maps each key to a row through a Python `dict` (first sight, no eviction) in front of "
+        "batches), each mixed through a 64-bit hash (SplitMix64's finalizer), in dynamic tables"
+        " (`TableConfig(vocabulary_size=None)`, docs/dynamic_tables.md) that start empty and "
+        "admit every key on first sight, so the timed steps include the inserts of new keys and"
+        " the growth of the row storage. It runs in the same process as W1, the workloads "
+        "taking turns within each run; the ratio below is taken within each run. New rows take "
+        "the dynamic tables' default initializer (drawn inside the lookup's kernel); the row "
+        "\"W1's initializer\" starts them from W1's initializer instead (a user initializer, "
+        "called once per lookup). W3-evict adds eviction (the workload line above says how "
+        "much), which bites from the first steps. The peers keep one fixed-size table per "
+        "feature, sized for every distinct key of the workload up front: plain PyTorch maps "
+        "each key to a row through a Python `dict` (first sight, no eviction) in front of "
         "`nn.EmbeddingBag(sparse=True)` and `optim.Adagrad`; TorchRec's "
-        "`ManagedCollisionEmbeddingBagCollection` puts an `MCHManagedCollisionModule` per "
-        "table (LRU eviction, `eviction_interval=1`, so a key has its slot in the step that "
-        "first sees it) in front of an unsharded `EmbeddingBagCollection` on CPU, whose bags "
-        "are switched to sparse gradients for `optim.Adagrad` (unsharded TorchRec has no fused "
-        "CPU optimizer). embcore's state is the rows held after the last step.",
+        "`ManagedCollisionEmbeddingBagCollection` puts an `MCHManagedCollisionModule` per table"
+        " (LRU eviction, `eviction_interval=1`, so a key has its slot in the step that first "
+        "sees it) in front of an unsharded `EmbeddingBagCollection` on CPU, whose bags are "
+        "switched to sparse gradients for `optim.Adagrad` (unsharded TorchRec has no fused CPU "
+        "optimizer). embcore's state is the rows held after the last step.",
         "",
     ]
     checks = [c for c in targets(rows) if "dynamic-table" in c["target"]]
