@@ -141,3 +141,28 @@ def test_new_rows_take_default_values_and_slots_in_the_same_call():
         held[space.items()[1] + 1] = True
         assert bool((weights[t][torch.from_numpy(~held)] == 7.0).all())
         assert bool((slots[t][torch.from_numpy(~held)] == 7.0).all())
+
+
+def test_rows_that_cannot_grow_leave_every_table_unchanged(monkeypatch):
+    import embcore as ec
+    from embcore.rows import keyed
+
+    tables = [ec.TableConfig(None, 4, name=n) for n in ("a", "b")]
+    features = {n: ec.FeatureConfig(t) for n, t in zip("ab", tables, strict=True)}
+    emb = ec.EmbeddingEngine(features, ec.SGD(0.1))
+    emb({"a": torch.arange(3), "b": torch.arange(3)})["a"].sum().backward()
+    before = [(emb.table_keys(n).tolist(), emb.table_rows(n, torch.arange(3))) for n in "ab"]
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("no memory")
+
+    monkeypatch.setattr(keyed, "_buffers", no_memory)
+    with pytest.raises(IndexMemoryError, match=r"table 'b'.*nothing was changed"):
+        emb({"a": torch.arange(3, 6), "b": torch.arange(100)})  # only b must grow
+    for n, (keys, rows) in zip("ab", before, strict=True):
+        assert emb.table_keys(n).tolist() == keys
+        assert torch.equal(emb.table_rows(n, torch.arange(3)), rows)
+    monkeypatch.undo()
+    emb({"a": torch.arange(3, 6), "b": torch.arange(100)})
+    assert emb.table_keys("a").tolist() == list(range(6))
+    assert emb.table_keys("b").numel() == 100
