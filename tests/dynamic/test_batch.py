@@ -166,3 +166,28 @@ def test_rows_that_cannot_grow_leave_every_table_unchanged(monkeypatch):
     emb({"a": torch.arange(3, 6), "b": torch.arange(100)})
     assert emb.table_keys("a").tolist() == list(range(6))
     assert emb.table_keys("b").numel() == 100
+
+
+def test_copies_and_moves_take_the_rows_not_the_whole_reservation():
+    import copy
+    import pickle
+
+    import embcore as ec
+
+    table = ec.TableConfig(None, 64, name="t")
+    emb = ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, ec.Adagrad(0.1))
+    emb({"f": torch.arange(20_000)})["f"].sum().backward()  # buffers: views of 32x arrays
+    rows = emb.store.rows[0]
+    assert rows.weight.untyped_storage().nbytes() > 4 * rows.weight.nbytes
+    names = sorted(rows._buffers)
+    twin = copy.deepcopy(emb)
+    for r in (rows, twin.store.rows[0]):
+        assert sorted(r._buffers) == names
+        for t in r._buffers.values():
+            assert t.untyped_storage().nbytes() == t.nbytes
+    assert len(pickle.dumps(emb)) < 3 * rows.weight.nbytes
+    batch = {"f": torch.arange(19_990, 20_100)}
+    for e in (emb, twin):
+        e(batch)["f"].sum().backward()
+    keys = torch.arange(20_100)
+    assert torch.equal(emb.table_rows("t", keys), twin.table_rows("t", keys))

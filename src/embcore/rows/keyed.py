@@ -303,6 +303,24 @@ class KeyedRows(KeyShard, RowModule):
         self._trained.clear()
 
     # ------------------------------------------------------------------ internals
+    def _compact(self) -> None:
+        """Buffers of their own size, not views of the larger reservation: before a move,
+        ``share_memory()``, a copy or pickling, which would otherwise take the whole
+        reservation."""
+        for key, value in list(self._buffers.items()):  # buffer names: weight, slot_<name>
+            if value is not None and value.untyped_storage().nbytes() > value.nbytes:
+                self.register_buffer(key, value.clone())
+                self._state_cache = None
+        self._spare = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self._compact()
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._compact()
+        return super().__getstate__()
+
     @property
     def _device(self) -> torch.device:
         return self.tensor("weight").device
