@@ -4,6 +4,7 @@ targets, markdown; and the dynamic tables' section (W3 against W1, its peers, th
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 import numpy as np
@@ -25,9 +26,14 @@ DICT_TARGET = 0.05
 BANDWIDTH_TARGET = 0.70  # of the random-row gather bandwidth, embcore Adagrad, W1 and W2
 MEMORY_TARGET = 1.3  # peak RSS over tables + slots, embcore Adagrad on W1
 DYNAMIC = "embcore, dynamic tables"
-DYNAMIC_TARGET = 1.3  # W3 step (dynamic tables, raw keys) over the W1 step (fixed tables)
+#: the same, new rows from W1's initializer (a user initializer) instead of the default one
+DYNAMIC_W1_INIT = "embcore, dynamic tables, W1's initializer"
+#: the W3 step (dynamic tables, raw keys, default initializer) over the W1 step (fixed tables)
+DYNAMIC_TARGET = {"W3": 1.2, "W3-evict": 1.4}
 #: the systems that run W3 (raw 64-bit keys)
-RAW_KEY_SYSTEMS = (DYNAMIC, "plain PyTorch + dict", "TorchRec managed collisions")
+RAW_KEY_SYSTEMS = (
+    DYNAMIC, DYNAMIC_W1_INIT, "plain PyTorch + dict", "TorchRec managed collisions",
+)  # fmt: skip
 
 
 def summarize(results: dict) -> list[dict]:
@@ -137,13 +143,14 @@ def targets(rows: list[dict]) -> list[dict]:
             )
             if fixed and dynamic:
                 value = speedup(fixed, dynamic)  # dynamic ms over fixed ms, within each run
+                want = DYNAMIC_TARGET.get(workload, DYNAMIC_TARGET["W3"])
                 out.append(
                     {
                         "target": f"{workload}: embcore dynamic-table step / {twin} fixed-table "
                         f"step, {dynamic['label']}",
-                        "want": f"<= {DYNAMIC_TARGET:g}x",
+                        "want": f"<= {want:g}x",
                         "got": f"{value:.2f}x",
-                        "met": value <= DYNAMIC_TARGET,
+                        "met": value <= want,
                     }
                 )
     if (a := _find(rows, "W1", "embcore", "adagrad")) and a["peak_rss"]:
@@ -251,9 +258,11 @@ def _cpu_ratios(rows: list[dict]) -> list[tuple[str, str, float, float, float]]:
     workload: medians over the runs, the ratio taken within each run."""
     out = []
     for workload, twin in FIXED_TWIN.items():
-        for optimizer in ("adagrad", "rowwise_adagrad"):
+        for optimizer, system in itertools.product(
+            ("adagrad", "rowwise_adagrad"), (DYNAMIC, DYNAMIC_W1_INIT)
+        ):
             a, b = (
-                _find(rows, workload, DYNAMIC, optimizer),
+                _find(rows, workload, system, optimizer),
                 _find(rows, twin, "embcore", optimizer),
             )
             if not a or not b or None in a["runs_cpu_ms"] or None in b["runs_cpu_ms"]:
@@ -268,7 +277,7 @@ def _cpu_ratios(rows: list[dict]) -> list[tuple[str, str, float, float, float]]:
                 out.append(
                     (
                         workload,
-                        a["label"],
+                        a["label"] + (", W1's initializer" if system == DYNAMIC_W1_INIT else ""),
                         float(np.median(a["runs_cpu_ms"])),
                         float(np.median(b["runs_cpu_ms"])),
                         float(np.median(ratios)),
@@ -289,21 +298,23 @@ def dynamic_markdown(results: dict) -> str:
         "## Dynamic tables (W3)",
         "",
         "W3 is W1's shape with raw 64-bit keys: the same Zipf ids as W1 (the same seeded "
-        "batches), each mixed through a 64-bit hash (SplitMix64's finalizer), in dynamic tables "
-        "(`TableConfig(vocabulary_size=None)`, docs/dynamic_tables.md) that start empty and "
-        "admit every key on first sight, so the timed steps include the inserts of new keys "
-        "and the growth of the row storage. It runs in the same process as W1, the workloads "
-        "taking turns within each run; the ratio below is taken within each run. New rows "
-        "start from W1's initializer. W3-evict adds eviction (the workload line above says "
-        "how much), which bites from the first steps. The peers keep one fixed-size table per "
+        "batches), each mixed through a 64-bit hash (SplitMix64's finalizer), in dynamic tables"
+        " (`TableConfig(vocabulary_size=None)`, docs/dynamic_tables.md) that start empty and "
+        "admit every key on first sight, so the timed steps include the inserts of new keys and"
+        " the growth of the row storage. It runs in the same process as W1, the workloads "
+        "taking turns within each run; the ratio below is taken within each run. New rows take "
+        "the dynamic tables' default initializer (drawn inside the lookup's kernel); the row "
+        "\"W1's initializer\" starts them from W1's initializer instead (a user initializer, "
+        "called once per lookup). W3-evict adds eviction (the workload line above says how "
+        "much), which bites from the first steps. The peers keep one fixed-size table per "
         "feature, sized for every distinct key of the workload up front: plain PyTorch maps "
         "each key to a row through a Python `dict` (first sight, no eviction) in front of "
         "`nn.EmbeddingBag(sparse=True)` and `optim.Adagrad`; TorchRec's "
-        "`ManagedCollisionEmbeddingBagCollection` puts an `MCHManagedCollisionModule` per "
-        "table (LRU eviction, `eviction_interval=1`, so a key has its slot in the step that "
-        "first sees it) in front of an unsharded `EmbeddingBagCollection` on CPU, whose bags "
-        "are switched to sparse gradients for `optim.Adagrad` (unsharded TorchRec has no fused "
-        "CPU optimizer). embcore's state is the rows held after the last step.",
+        "`ManagedCollisionEmbeddingBagCollection` puts an `MCHManagedCollisionModule` per table"
+        " (LRU eviction, `eviction_interval=1`, so a key has its slot in the step that first "
+        "sees it) in front of an unsharded `EmbeddingBagCollection` on CPU, whose bags are "
+        "switched to sparse gradients for `optim.Adagrad` (unsharded TorchRec has no fused CPU "
+        "optimizer). embcore's state is the rows held after the last step.",
         "",
     ]
     checks = [c for c in targets(rows) if "dynamic-table" in c["target"]]
@@ -330,6 +341,7 @@ def dynamic_markdown(results: dict) -> str:
         ]
         lines.append("")
     held = [r for r in dynamic if r["system"] == DYNAMIC and r["rows_held"] is not None]
+    embcore_rows = (DYNAMIC, DYNAMIC_W1_INIT)
     if held:
         lines += [
             "| workload | optimizer | median ms/step | rows held after the last step | "
@@ -343,7 +355,7 @@ def dynamic_markdown(results: dict) -> str:
         ]
         lines.append("")
     for r in dynamic:
-        if r["system"] != DYNAMIC:
+        if r["system"] not in embcore_rows:
             ours = _find(rows, r["workload"], DYNAMIC, r["optimizer"])
             vs = "" if ours is None else f"; embcore is {speedup(ours, r):.2f}x faster"
             if ours is not None and (cpu := _cpu_speedup(ours, r)) is not None:

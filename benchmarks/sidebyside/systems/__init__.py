@@ -23,6 +23,7 @@ from types import ModuleType
 from sidebyside.systems import (
     embcore_dict,
     embcore_dynamic,
+    embcore_dynamic_w1init,
     embcore_engine,
     embcore_pipelined,
     embcore_prepared,
@@ -44,6 +45,7 @@ SYSTEMS: list[ModuleType] = [
     plain_torch,
     fbgemm_tbe,
     embcore_dynamic,
+    embcore_dynamic_w1init,
     torch_dict,
     torchrec_mc,
 ]

@@ -1,18 +1,20 @@
 """embcore with dynamic tables (``TableConfig(vocabulary_size=None)``) for the raw 64-bit keys
 of W3: one ``EmbeddingEngine``, one feature per table, empty tables at the start, every key
 admitted on first sight; the workload's ``steps_to_live`` / ``max_rows`` turn eviction on.
-Its output is ``engine.stacked(batch)`` and its new rows come from W1's initializer (uniform
-in [-0.05, 0.05], called with ``(n_new, dim)`` for the keys admitted in a lookup), as for
-:mod:`.embcore_engine` on W1, so the two step times compare directly (the W3/W1 ratio of
-BENCHMARKS.md).
+Its output is ``engine.stacked(batch)``, as for :mod:`.embcore_engine` on W1, so the two step
+times compare directly (the W3/W1 ratio of BENCHMARKS.md). New rows take the dynamic tables'
+default initializer (a function of seed, table and key, drawn inside the lookup's kernel);
+:mod:`.embcore_dynamic_w1init` is the same with W1's initializer (uniform in [-0.05, 0.05],
+called with ``(n_new, dim)`` for the keys admitted in a lookup).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 import embcore as ec
-from sidebyside.systems.embcore_engine import _uniform
 from sidebyside.workloads import Batch, Workload, projection
 
 NAME = "embcore, dynamic tables"
@@ -32,7 +34,13 @@ def supports(workload: Workload) -> bool:
 
 
 class Run:
-    def __init__(self, workload: Workload, optimizer: str, batches: list[Batch]) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        optimizer: str,
+        batches: list[Batch],
+        initializer: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
         opt: ec.Optimizer
         if optimizer == "adagrad":
             opt = ec.Adagrad(learning_rate=0.01, initial_accumulator_value=0.1)
@@ -49,7 +57,7 @@ class Run:
                 vocabulary_size=None,
                 dim=workload.dim,
                 combiner="sum",
-                initializer=_uniform,
+                initializer=initializer,
                 name=f"table_{t}",
                 eviction=eviction,
             )

@@ -77,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "plain_torch",
             "fbgemm_tbe",
             "embcore_dynamic",
+            "embcore_dynamic_w1init",
             "torch_dict",
             "torchrec_mc",
         ],

@@ -16,7 +16,7 @@ from numba import njit
 
 from embcore.dynamic._kernels import mix64
 
-__all__ = ["normal_rows", "uniform53"]
+__all__ = ["TAIL_BOUND", "draw_row", "normal_rows", "uniform53"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _S11 = np.uint64(11)
@@ -29,6 +29,9 @@ _C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00,
 _D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00,
       3.754408661907416e00)  # fmt: skip
 _P_LOW = 0.02425
+#: every ``p`` beyond ``_P_LOW`` maps beyond this many standard deviations (the central
+#: branch is -1.9727 at ``_P_LOW`` and monotone; tests/dynamic/test_batch.py checks it)
+TAIL_BOUND = 1.97
 _CHUNK = 64  # rows per hand-out to a thread
 
 
@@ -59,6 +62,50 @@ def _ndtri(p):  # type: ignore[no-untyped-def]
             / (((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0)
         )
     return x
+
+
+@njit(cache=True, inline="always")
+def _central(p):  # type: ignore[no-untyped-def]
+    """:func:`_ndtri`'s central branch (``_P_LOW <= p <= 1 - _P_LOW``), the same operations
+    in the same order, without a branch, so that a loop over a row's values vectorises."""
+    q = p - 0.5
+    r = q * q
+    return (
+        (((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5])
+        * q
+        / (((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0)
+    )
+
+
+@njit(cache=True, inline="always")
+def _uniform_at(state, j, lo, width):  # type: ignore[no-untyped-def]
+    """``lo + width * U`` for the ``j``-th output of the stream at ``state``."""
+    return lo + width * uniform53(mix64(state + np.uint64(j) * _GOLDEN))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def draw_row(out, i, key, salt, lo, width, std):  # type: ignore[no-untyped-def]
+    """``out[i, :]`` = the default initial row of ``key``, bit for bit what
+    :func:`normal_rows` draws: value ``j`` from the stream's ``j``-th state
+    ``state + j * golden``, every value through the central branch first (a loop the
+    compiler vectorises); then only values beyond ``TAIL_BOUND`` standard deviations are
+    looked at again (a tail ``p``, beyond ``_P_LOW`` of either end, gives ``|x| > 1.9727``
+    through either branch), and those whose ``p`` is in a tail drawn through :func:`_ndtri`."""
+    row = out[i]
+    state = mix64(mix64(np.uint64(key)) ^ salt)
+    for j in range(row.size):
+        row[j] = np.float32(std * _central(_uniform_at(state, j, lo, width)))
+    limit = np.float32(TAIL_BOUND * std)
+    beyond = 0
+    for j in range(row.size):  # (a count, not a branch: this loop vectorises too)
+        beyond += np.int64(abs(row[j]) > limit)
+    if beyond == 0:
+        return
+    for j in range(row.size):
+        if abs(row[j]) > limit:
+            p = _uniform_at(state, j, lo, width)
+            if p < _P_LOW or p > 1.0 - _P_LOW:
+                row[j] = np.float32(std * _ndtri(p))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

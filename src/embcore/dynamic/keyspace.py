@@ -169,6 +169,15 @@ class KeySpace:
         meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
         self._key, self._freq, self._last, self._live = meta
 
+    def reserve_rows(self, rows: int) -> None:
+        """Room in the row metadata for ``rows`` rows (handed out, held or free).
+
+        Raises:
+            IndexMemoryError: the memory cannot be had; nothing was changed.
+        """
+        meta = [self._grown(a, rows) for a in (self._key, self._freq, self._last, self._live)]
+        self._key, self._freq, self._last, self._live = meta
+
     def fits(self, new_keys: int) -> bool:
         """Whether a training lookup admitting ``new_keys`` keys allocates nothing here (index
         slots and row metadata; pending counts aside)."""
@@ -190,6 +199,9 @@ class KeySpace:
         Costs one pass over the row metadata when an eviction limit is set, none otherwise.
         """
         ev = self.eviction
+        if self._pending is None and ev.steps_to_live is None and ev.max_rows is None:
+            self.step += 1  # nothing can expire or be evicted
+            return Evicted(np.empty(0, np.int64), np.empty(0, np.int64))
         gone = np.empty(0, np.int64)
         if ev.steps_to_live is not None or ev.max_rows is not None:
             n = self._index.num_rows

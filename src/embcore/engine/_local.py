@@ -21,6 +21,7 @@ from embcore._comm import Comm
 from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
 from embcore.rows import Records, RowEnv, RowStore, StoredTensor, close_rows, make_rows
+from embcore.rows._keyed_lookup import map_training
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["LocalStore"]
@@ -97,10 +98,10 @@ class LocalStore(nn.Module):
         training: bool = False,
     ) -> list[list[Tensor]]:
         rows = list(self.rows)
-        if training:  # room in every table before any table changes
-            for r, b in zip(rows, features, strict=True):
-                r.reserve(b)
-        mapped = [r.map(b, training) for r, b in zip(rows, features, strict=True)]
+        if training:  # room in every table before any changes; keyed tables in one call
+            mapped = map_training(rows, features)
+        else:
+            mapped = [r.map(b, training) for r, b in zip(rows, features, strict=True)]
         return ops.lookup(self.backend, [r.state() for r in rows], mapped, out=out)
 
     def update(

@@ -26,14 +26,16 @@ import torch
 from torch import Tensor
 
 from embcore.config import ResolvedTable
+from embcore.dynamic.batch import Fill, eligible
 from embcore.dynamic.index import IndexMemoryError
-from embcore.dynamic.init import new_rows
+from embcore.dynamic.init import new_rows, table_salt
 from embcore.dynamic.keyspace import KeySpace
 from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv
 from embcore.rows._key_shard import KeyShard
 from embcore.rows._module import RowModule
+from embcore.rows._zeros import lazy_zeros as _zeros
 
 __all__ = ["SINK", "KeyedRows"]
 
@@ -43,6 +45,10 @@ SINK = 0
 #: feature of the table per lookup)
 _REMEMBERED = 4
 _MIN_CAPACITY = 16
+#: on the CPU, the buffers grow within arrays this many times their size (virtual memory:
+#: pages are mapped as rows are used), so that most growth copies nothing (falling back to
+#: the size needed where so much address space is refused)
+_RESERVE = 32
 
 
 class KeyedRows(KeyShard, RowModule):
@@ -82,13 +88,15 @@ class KeyedRows(KeyShard, RowModule):
         self.dropped_gradients = 0
         opt = table.optimizer
         self._slot_init = {s.name: s.initial_value for s in opt.slot_specs()} if opt else {}
-        for name, value in _buffers(
-            table, _MIN_CAPACITY + 1, env.device, env.storage_dtype
-        ).items():
+        #: the arrays the buffers are the first rows of (CPU growth without copies)
+        self._spare = _buffers(table, _MIN_CAPACITY + 1, env.device, env.storage_dtype)
+        for name, value in self._spare.items():
             self.put(name, value)
-        # (original batch, mapped batch, key-space step at the lookup), oldest first: updates
-        # come in the order of their lookups (a batch object may be looked up more than once)
-        self._trained: deque[tuple[FeatureBatch, FeatureBatch, int]] = deque()
+        # (original batch, mapped batch, key-space step at the lookup, occurrences mapped to
+        # the sink if known), oldest first: updates come in the order of their lookups (a
+        # batch object may be looked up more than once)
+        self._trained: deque[tuple[FeatureBatch, FeatureBatch, int, int | None]] = deque()
+        self._salt: int | None = None  # the default initializer's, once computed
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -105,18 +113,39 @@ class KeyedRows(KeyShard, RowModule):
         step, with every feature's keys."""
         flat = _keys_of(batches)
         if not training:
-            rows = self.space.lookup(flat)
-        else:
-            self.reserve(batches)  # a no-op when the store reserved already
-            admitted = self.space.train(flat)
-            rows = admitted.rows
-            self._initialise(admitted.new_keys, admitted.new_rows)
-        out = self._split(batches, rows)
-        if training:
-            for b, m in zip(batches, out, strict=True):
-                self._trained.append((b, m, self.space.step))
-                while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
-                    self._trained.popleft()
+            return self._split(batches, self.space.lookup(flat))
+        self.reserve(batches)  # a no-op when the store reserved already
+        admitted = self.space.train(flat)
+        self._initialise(admitted.new_keys, admitted.new_rows)
+        return self._trained_as(batches, self._split(batches, admitted.rows), None)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the step's training lookup takes this table in its one kernel call
+        (:mod:`._keyed_lookup`): admission on first sight, rows on the CPU."""
+        return eligible(self.space) and self.tensor("weight").device.type == "cpu"
+
+    def fill(self) -> Fill | None:
+        """Where that kernel call writes this table's new rows: with the default initializer
+        into float32 rows and slots, else ``None`` (:meth:`_initialise` then)."""
+        if self.table.config.initializer is not None or self._dtype != torch.float32:
+            return None
+        slots = tuple((self.tensor(n), v) for n, v in self._slot_init.items())
+        if any(t.dtype != torch.float32 for t, _ in slots):
+            return None
+        if self._salt is None:
+            self._salt = table_salt(self.seed, self.table.name)
+        return Fill(self.tensor("weight"), self._salt, slots)
+
+    def _trained_as(
+        self, batches: Sequence[FeatureBatch], out: list[FeatureBatch], sinks: int | None
+    ) -> list[FeatureBatch]:
+        """Remember a training lookup's mapped batches for their update (``sinks``: the
+        occurrences mapped to the sink, if known)."""
+        for b, m in zip(batches, out, strict=True):
+            self._trained.append((b, m, self.space.step, sinks))
+            while len(self._trained) > _REMEMBERED * max(1, len(self.table.features)):
+                self._trained.popleft()
         return out
 
     def reserve(self, batches: Sequence[FeatureBatch]) -> None:
@@ -148,15 +177,19 @@ class KeyedRows(KeyShard, RowModule):
             i = next((i for i, e in enumerate(self._trained) if e[0] is b), None)
             if i is None:
                 out.append(self.map([b], training=False)[0])
+                self.dropped_gradients += int((out[-1].values == SINK).sum())
                 continue
-            _, mapped, step = self._trained[i]
+            _, mapped, step, sinks = self._trained[i]
             del self._trained[i]
             if step != self.space.step:  # an eviction may have freed or reused rows since
                 now = self.map([b], training=False)[0].values
                 kept = torch.where(now == mapped.values, mapped.values, SINK)
                 mapped = dataclasses.replace(mapped, values=kept)
+                sinks = None
             out.append(mapped)
-        self.dropped_gradients += sum(int((m.values == SINK).sum()) for m in out)
+            if sinks is None:
+                sinks = int((mapped.values == SINK).sum())
+            self.dropped_gradients += sinks
         return out
 
     def end_step(self, evict: int | None = None) -> None:
@@ -265,10 +298,29 @@ class KeyedRows(KeyShard, RowModule):
             fresh[part][1 : n + 1] = value.to(fresh[part])
         for part, value in fresh.items():
             self.put(part, value)
+        self._spare = fresh
         self.space = space
         self._trained.clear()
 
     # ------------------------------------------------------------------ internals
+    def _compact(self) -> None:
+        """Buffers of their own size, not views of the larger reservation: before a move,
+        ``share_memory()``, a copy or pickling, which would otherwise take the whole
+        reservation."""
+        for key, value in list(self._buffers.items()):  # buffer names: weight, slot_<name>
+            if value is not None and value.untyped_storage().nbytes() > value.nbytes:
+                self.register_buffer(key, value.clone())
+                self._state_cache = None
+        self._spare = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self._compact()
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._compact()
+        return super().__getstate__()
+
     @property
     def _device(self) -> torch.device:
         return self.tensor("weight").device
@@ -278,26 +330,43 @@ class KeyedRows(KeyShard, RowModule):
         return self.tensor("weight").dtype
 
     def _reserve(self, rows: int) -> None:
-        """Room for ``rows`` key-space rows (plus the sink), doubling the capacity."""
+        """Room for ``rows`` key-space rows (plus the sink), doubling the capacity. On the
+        CPU the buffers are the first rows of arrays ``_RESERVE`` times larger, untouched
+        pages until used: growing within them is a longer view (no copy, no allocation);
+        past them only the rows handed out so far are copied."""
         have = self.tensor("weight").shape[0] - 1
         if rows <= have:
             return
         size = max(rows, 2 * have, _MIN_CAPACITY) + 1
         names = ("weight", *self._slot_init)
-        try:
-            fresh = _buffers(self.table, size, self._device, self._dtype)
-        except (MemoryError, RuntimeError) as e:  # torch reports an allocation as either
+        spare = self._spare
+        if spare is not None and all(
+            spare[n].shape[0] >= size and spare[n].data_ptr() == self.tensor(n).data_ptr()
+            for n in names
+        ):
+            for name in names:
+                self.put(name, spare[name][:size])
+            return
+        reserved = size * _RESERVE if self._device.type == "cpu" else size
+        for attempt in dict.fromkeys((reserved, size)):
+            try:
+                fresh = _buffers(self.table, attempt, self._device, self._dtype)
+                break
+            except (MemoryError, RuntimeError) as e:  # torch reports an allocation as either
+                error = e
+        else:
             dim = self.table.dim
             raise IndexMemoryError(
                 f"table '{self.table.name}': could not grow the rows and optimizer slots "
                 f"({', '.join(names)}) from {have + 1} to {size} rows of dim {dim} for a "
                 f"training lookup ({len(self.space)} keys held); nothing was changed"
-            ) from e
+            ) from error
+        used = 1 + self.space.num_rows  # the sink and every row handed out: the rest is spare
         for name in names:
-            old = self.tensor(name)
-            fresh[name][: old.shape[0]] = old
+            fresh[name][:used] = self.tensor(name)[:used]
         for name in names:
-            self.put(name, fresh[name])
+            self.put(name, fresh[name][:size])
+        self._spare = fresh
 
     def _initialise(
         self, new_keys: np.ndarray, rows: np.ndarray, drawn: np.ndarray | None = None
@@ -333,7 +402,12 @@ class KeyedRows(KeyShard, RowModule):
         weight.index_copy_(0, index, torch.from_numpy(values).to(weight))
 
     def _split(self, batches: Sequence[FeatureBatch], rows: np.ndarray) -> list[FeatureBatch]:
-        mapped = np.where(rows >= 0, rows + 1, SINK).astype(np.int64)
+        return self._split_mapped(batches, np.where(rows >= 0, rows + 1, SINK).astype(np.int64))
+
+    def _split_mapped(
+        self, batches: Sequence[FeatureBatch], mapped: np.ndarray
+    ) -> list[FeatureBatch]:
+        """The batches with buffer rows ``mapped: (N,) int64`` (every batch's, in order)."""
         out, start = [], 0
         for b in batches:
             n = b.values.numel()
@@ -354,18 +428,22 @@ class _StepLimits:
 
 
 def _keys_of(batches: Sequence[FeatureBatch]) -> np.ndarray:
-    """``(N,) int64``: the keys of every batch, in order."""
+    """``(N,) int64``: the keys of every batch, in order (one batch's own, not a copy)."""
     keys = [b.values.cpu().numpy() for b in batches]
+    if len(keys) == 1:
+        return keys[0]
     return np.concatenate(keys) if keys else np.zeros(0, np.int64)
 
 
 def _buffers(
     table: ResolvedTable, size: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, Tensor]:
-    """``weight`` (zeros) and every slot (its initial value) of ``size`` rows."""
-    out = {"weight": torch.zeros((size, table.dim), dtype=dtype, device=device)}
+    """``weight`` (zeros) and every slot of ``size`` rows: the sink (row 0) holds the slot's
+    initial value, the other rows zeros until a key takes them (new rows are initialised
+    then), so that fresh CPU buffers stay untouched pages until used."""
+    out = {"weight": _zeros((size, table.dim), dtype, device)}
     opt = table.optimizer
     for spec in opt.slot_specs() if opt else ():
-        shape = spec.shape(size, table.dim)
-        out[spec.name] = torch.full(shape, spec.initial_value, dtype=torch.float32, device=device)
+        out[spec.name] = _zeros(spec.shape(size, table.dim), torch.float32, device)
+        out[spec.name][SINK].fill_(spec.initial_value)
     return out
