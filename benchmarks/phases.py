@@ -43,8 +43,8 @@ from sidebyside.systems.embcore_engine import Run
 from sidebyside.workloads import WORKLOADS, make_batches
 
 import embcore.ops.cpu as cpu
+from embcore._numba import threads
 from embcore.engine import EmbeddingEngine
-from embcore.ops.cpu import threads
 from embcore.ops.cpu.malloc import keep_freed_memory
 
 #: kernel name -> phase

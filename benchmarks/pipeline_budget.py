@@ -10,7 +10,7 @@ untimed between modes):
 * ``pipelined``: the background update's kernels use ``torch.get_num_threads()`` threads,
   next to PyTorch's own threads computing the next step;
 * ``pipelined, own budget``: the background update runs inside
-  ``embcore.ops.cpu.threads.budget(background_workers())``;
+  ``embcore._numba.threads.budget(background_workers())``;
 * ``exact, 1 thread`` and ``pipelined, 1 + 1 cores``: the whole step on one torch thread, so
   pipelined, the foreground and the background update (capped by the torch thread count)
   each have one core of two; exact on one thread is its baseline.
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sidebyside.systems.embcore_engine import Run
 from sidebyside.workloads import WORKLOADS, make_batches
 
-from embcore.ops.cpu import threads
+from embcore._numba import threads
 from embcore.ops.cpu.malloc import keep_freed_memory
 
 

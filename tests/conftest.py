@@ -6,7 +6,7 @@ read when triton is first imported, so set here before any test module imports i
 (``engine_cases.BACKENDS``) as well as its own (tests/ops/test_triton_interpreter.py).
 
 The CPU kernels' on-disk compile cache is keyed by the contents of their sources
-(``embcore.ops.cpu._cache``), so a session never runs kernels compiled from other sources and
+(``embcore._numba.cache``), so a session never runs kernels compiled from other sources and
 needs no fresh cache directory of its own (docs/testing.md; NUMBA_CACHE_DIR is respected).
 """
 

@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
+from embcore._numba.farmhash import fingerprint_bytes
 from embcore.feature_column.hashing import hash_buckets
-from embcore.ops.cpu.farmhash import fingerprint_bytes
 
 
 def _best_rates(rows, n: int, repeats: int) -> dict[str, float]:

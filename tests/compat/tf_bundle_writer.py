@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embcore._numba.crc32c import crc32c
 from embcore.compat._tf_bundle import _slice_key
-from embcore.ops.cpu.crc32c import crc32c
 
 DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3}
 DTYPES |= {np.dtype(np.int64): 9, np.dtype(np.float16): 19}

@@ -20,9 +20,9 @@ from optimizer_cases import OPTIMIZERS
 
 import embcore as ec
 from embcore import ops
+from embcore._numba.threads import MIN_WORK_PER_THREAD
 from embcore.inputs import FeatureBatch
 from embcore.ops import cpu, reference
-from embcore.ops.cpu.threads import MIN_WORK_PER_THREAD
 from embcore.ops.state import TableState
 
 RTOL, ATOL = 1e-5, 1e-6

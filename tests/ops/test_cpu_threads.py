@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from embcore.ops.cpu import threads
+from embcore._numba import threads
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
-"""The CPU kernels' on-disk cache can never serve code compiled from other sources.
+"""The Numba kernels' on-disk cache can never serve code compiled from other sources.
 
-Numba keys its cache by the file that defines a kernel only; the CPU backend caches every
-kernel in a directory named after a hash of all of its sources (embcore.ops.cpu._cache), so a
-change to a helper that kernels inline (``_address.py``, ``combine.py``, ``rules/_rows.py``)
-selects a fresh directory. These tests check the key, that every kernel uses the directory,
-and, end to end in fresh processes, that a changed helper is compiled anew.
+Numba keys its cache by the file that defines a kernel only; embcore caches every kernel in a
+directory named after a hash of the shared helpers' sources (embcore._numba.cache), the CPU
+backend's and the dynamic tables' kernels in subdirectories named after a hash of their own
+package's sources, so a change to a helper that kernels inline (``_numba/address.py``,
+``combine.py``, ``rules/_rows.py``) selects a fresh directory. These tests check the key, that
+every kernel uses the directory, and, end to end in fresh processes, that a changed helper is
+compiled anew.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from pathlib import Path
 import pytest
 
 import embcore
+import embcore._numba
 import embcore.ops.cpu
-from embcore.ops.cpu import _cache
+from embcore._numba import cache as _cache
 
 SRC = Path(embcore.__file__).resolve().parent
+CPU = SRC / "ops" / "cpu"
 
 
 def _copy_sources(source: Path, target: Path) -> Path:
@@ -42,25 +46,34 @@ def _edit(path: Path, old: str, new: str) -> None:
 # ------------------------------------------------------------------------------ the key
 
 
-@pytest.mark.parametrize("helper", ["combine.py", "_address.py", "rules/_rows.py", "layout.py"])
-def test_the_key_changes_when_any_helper_changes(tmp_path: Path, helper: str) -> None:
-    copy = _copy_sources(_cache.SOURCE_ROOT, tmp_path / "cpu")
-    assert _cache.source_key(copy) == _cache.source_key()
+@pytest.mark.parametrize(
+    ("root", "helper"),
+    [
+        (CPU, "combine.py"),
+        (_cache.SOURCE_ROOT, "address.py"),
+        (_cache.SOURCE_ROOT, "mix.py"),
+        (CPU, "rules/_rows.py"),
+        (CPU, "layout.py"),
+    ],
+)
+def test_the_key_changes_when_any_helper_changes(tmp_path: Path, root: Path, helper: str) -> None:
+    copy = _copy_sources(root, tmp_path / "cpu")
+    assert _cache.source_key(copy) == _cache.source_key(root)
     original = (copy / helper).read_text()
     (copy / helper).write_text(original + "# one more line\n")
     changed = _cache.source_key(copy)
-    assert changed != _cache.source_key()
+    assert changed != _cache.source_key(root)
     (copy / helper).write_text(original)
-    assert _cache.source_key(copy) == _cache.source_key()
+    assert _cache.source_key(copy) == _cache.source_key(root)
 
 
 def test_the_key_covers_new_and_moved_files_but_not_other_kinds(tmp_path: Path) -> None:
-    copy = _copy_sources(_cache.SOURCE_ROOT, tmp_path / "cpu")
+    copy = _copy_sources(CPU, tmp_path / "cpu")
     key = _cache.source_key(copy)
     (copy / "notes.txt").write_text("not a source")
     assert _cache.source_key(copy) == key
     (copy / "rules" / "extra.py").write_text("X = 1\n")
-    assert _cache.source_key(copy) not in (key, _cache.source_key())
+    assert _cache.source_key(copy) not in (key, _cache.source_key(CPU))
     (copy / "rules" / "extra.py").rename(copy / "extra.py")  # same bytes, another module
     moved = _cache.source_key(copy)
     assert moved != key
@@ -72,15 +85,18 @@ def test_the_directory_is_named_after_the_version_and_the_key() -> None:
     path = _cache.kernel_cache_dir()
     assert path.name == f"{embcore.__version__}-{_cache.source_key()}"
     assert path.is_dir()
+    cpu = _cache.package_cache_dir("cpu", CPU)
+    assert cpu == path / f"cpu-{_cache.source_key(CPU)}" and cpu.is_dir()
 
 
 # ------------------------------------------------------------------- the kernels use it
 
 
 def _kernels() -> list[tuple[str, object]]:
-    """Every Numba dispatcher defined in a module of embcore.ops.cpu or embcore.dynamic."""
+    """Every Numba dispatcher defined in a module of embcore._numba, embcore.ops.cpu or
+    embcore.dynamic."""
     found = []
-    for package in (embcore.ops.cpu, importlib.import_module("embcore.dynamic")):
+    for package in (embcore._numba, embcore.ops.cpu, importlib.import_module("embcore.dynamic")):
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             module = importlib.import_module(info.name)
             for name, value in vars(module).items():
@@ -99,9 +115,9 @@ def test_every_kernel_caches_in_the_keyed_directory() -> None:
         assert path is not None and path.startswith(where + os.sep), (name, path)
 
 
-#: the packages whose kernels cache under a directory keyed by their sources (and the CPU
-#: backend's, whose helpers they inline): ops/cpu itself and the dynamic tables' index
-KEYED_PACKAGES = (_cache.SOURCE_ROOT, SRC / "dynamic")
+#: the packages whose kernels cache under a directory keyed by their sources (and the shared
+#: helpers', which they inline): the helpers themselves, ops/cpu and the dynamic tables' index
+KEYED_PACKAGES = (_cache.SOURCE_ROOT, CPU, SRC / "dynamic")
 
 
 def test_numba_is_used_only_inside_the_keyed_packages() -> None:
@@ -160,7 +176,7 @@ def _probe(src: Path, numba_cache: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_changed_helper_is_compiled_anew_not_loaded_from_the_cache(tmp_path: Path) -> None:
-    """``finite.non_finite_flags`` inlines ``_address.f32_vector``. A copy of embcore runs the
+    """``finite.non_finite_flags`` inlines ``address.f32_vector``. A copy of embcore runs the
     kernel twice (compiled, then loaded from the cache); then ``f32_vector`` is changed to
     read one float further on, and the next process must see the new behaviour."""
     src = tmp_path / "src"
@@ -175,7 +191,7 @@ def test_a_changed_helper_is_compiled_anew_not_loaded_from_the_cache(tmp_path: P
     second = _probe(src, numba_cache)
     assert second == {**first, "cache_hits": 1}  # the cache is used when nothing changed
     _edit(
-        package / "ops" / "cpu" / "_address.py",
+        package / "_numba" / "address.py",
         "return carray(_voidptr(address), (size,), np.float32)",
         "return carray(_voidptr(address + 4), (size,), np.float32)",
     )

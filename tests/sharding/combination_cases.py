@@ -521,10 +521,10 @@ AXES: dict[str, tuple] = {
 
 def axes(combo: Combo) -> dict[str, set]:
     """The values a combo gives each axis of :data:`AXES`."""
+    from embcore._numba.threads import MIN_WORK_PER_THREAD
     from embcore.ops.cpu import FUSE_BYTES
     from embcore.ops.cpu.dedup import HASH_SLOTS
     from embcore.ops.cpu.rules import RULES
-    from embcore.ops.cpu.threads import MIN_WORK_PER_THREAD
 
     opt = combo.optimizer.make()
     fused = getattr(RULES[type(opt)], "fused", None) is not None and opt.lazy

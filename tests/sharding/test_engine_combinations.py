@@ -25,8 +25,8 @@ from engine_cases import OPTIMIZER_CASES, OptCase
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from embcore._numba.threads import MIN_WORK_PER_THREAD
 from embcore.ops.cpu import FUSE_BYTES
-from embcore.ops.cpu.threads import MIN_WORK_PER_THREAD
 
 PROFILE = os.environ.get("EMBCORE_COMBINATIONS", "ci")
 #: examples per test: (one process, 2 ranks); "nightly", or a number of one-process examples

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from embcore.dynamic._digest_kernels import fold as _fold
-from embcore.dynamic._digest_kernels import start as _start
-from embcore.ops.cpu import threads
+from embcore._numba import threads
+from embcore._numba.digests import fold as _fold
+from embcore._numba.digests import start as _start
 
 __all__ = ["Records", "apply", "changed", "digests", "set_digest", "sorted_records"]
 

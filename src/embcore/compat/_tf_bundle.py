@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from embcore._files import UnsafeFileError, open_regular, read_regular
+from embcore._numba.crc32c import crc32c
 from embcore.compat import _tf_index
 from embcore.compat._tf_index import Entry, Malformed
-from embcore.ops.cpu.crc32c import crc32c
 
 __all__ = [
     "MAX_INDEX_BYTES",

@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embcore._numba import threads
 from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
 from embcore.disk._checksum import damaged, seal
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
 from embcore.initializers import BLOCK_ROWS, initial_rows
-from embcore.ops.cpu import threads
 from embcore.storage import DiskStorage, cached_row_bytes
 
 __all__ = ["DiskTable", "row_bytes", "row_shapes"]

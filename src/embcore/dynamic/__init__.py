@@ -8,23 +8,14 @@ and ``Eviction`` are public as ``embcore.CountAdmission`` and ``embcore.Eviction
 docs/dynamic_tables.md.
 
 Numba kernels are first imported here, inside a compile-cache directory keyed by the sources
-of this package and of the CPU backend (whose helpers they inline).
+of this package and of the shared Numba helpers they inline (:mod:`embcore._numba`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-from embcore.ops.cpu._cache import kernel_cache_dir, kernels_cached_in, source_key
+from embcore._numba.cache import kernels_cached_in, package_cache_dir
 
-
-def _kernel_dir() -> Path:
-    path = kernel_cache_dir() / f"dynamic-{source_key(Path(__file__).resolve().parent)}"
-    with contextlib.suppress(OSError):  # unwritable: Numba then compiles without caching
-        path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-with kernels_cached_in(_kernel_dir()):
-    from embcore.dynamic import _digest_kernels, _init_kernels, _kernels  # noqa: F401
+with kernels_cached_in(package_cache_dir("dynamic", Path(__file__).resolve().parent)):
+    from embcore.dynamic import _init_kernels, _kernels  # noqa: F401

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numba import njit
 
-from embcore.dynamic._kernels import mix64
+from embcore._numba.mix import mix64
 
 __all__ = ["TAIL_BOUND", "draw_row", "normal_rows", "uniform53"]
 

@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from embcore._numba import threads
 from embcore.dynamic import _kernels
-from embcore.ops.cpu import threads
 
 __all__ = ["GROWTH", "MAX_LOAD", "IndexMemoryError", "KeyIndex", "check_keys"]
 

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from embcore._numba import threads
 from embcore.dynamic import _init_kernels, _kernels
 from embcore.dynamic.index import check_keys
-from embcore.ops.cpu import threads
 
 __all__ = ["TRUNCATE_AT", "default_rows", "new_rows", "table_salt"]
 

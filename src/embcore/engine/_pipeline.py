@@ -18,7 +18,7 @@ __all__ = ["UpdatePipeline", "pipelining"]
 #: The thread that applies pipelined updates on the CPU (one for every engine: updates from
 #: several engines run one after another, each still overlapping its own engine's next step).
 #: Its kernels use as many workers as the caller's (``torch.get_num_threads()``): a smaller
-#: budget (``ops.cpu.threads.budget``) measured no faster (docs/pipelining_and_stats.md).
+#: budget (``embcore._numba.threads.budget``) measured no faster (docs/pipelining_and_stats.md).
 _update_thread = ThreadPoolExecutor(1, thread_name_prefix="embcore-update")
 
 

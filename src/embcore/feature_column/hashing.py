@@ -12,7 +12,7 @@ from TensorFlow therefore puts every value in the same bucket as it did there.
 
 ``fingerprint_cat64(a, b)`` is TensorFlow's ``FingerprintCat64``, which chains the features of a
 crossed column into one 64-bit value (``embcore.feature_column.crossed``). Batches are
-hashed by the Numba kernels of ``embcore.ops.cpu.farmhash`` (no Python call per value). See
+hashed by the Numba kernels of ``embcore._numba.farmhash`` (no Python call per value). See
 docs/feature_columns.md, "The hash".
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embcore.ops.cpu.farmhash import (
+from embcore._numba.farmhash import (
     fingerprint_bytes,
     fingerprint_int64,
     fingerprint_separated,

@@ -19,28 +19,32 @@ Results match :mod:`embcore.ops.reference` to float32 rounding (the same sums in
 order), and rows no id touched are never written. Tensors must be float32 / int64 on the CPU
 (made contiguous here if needed); anything else raises ``NotImplementedError`` naming the
 tensor. Kernels are compiled once and cached on disk (``cache=True``, in a directory keyed by
-the contents of this package's sources: :mod:`._cache`) and use ``torch.get_num_threads()``
-threads. See docs/cpu_backend.md.
+the contents of this package's sources and of the shared helpers they inline:
+:mod:`embcore._numba.cache`) and use ``torch.get_num_threads()`` threads
+(:mod:`embcore._numba.threads`). See docs/cpu_backend.md.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from embcore._numba import threads
+from embcore._numba.cache import kernels_cached_in, package_cache_dir
 from embcore.inputs import FeatureBatch
 from embcore.ops import reference
-from embcore.ops.cpu._cache import kernel_cache_dir, kernels_cached_in
 from embcore.ops.state import TableState, check_updatable
 
 # Every kernel module is first imported here, so every kernel caches its compiled code in a
-# directory keyed by the contents of all of this package's sources (see _cache.py).
-with kernels_cached_in(kernel_cache_dir()):
-    from embcore.ops.cpu import crc32c, dedup, farmhash, finite, gather, threads  # noqa: F401
+# directory keyed by the contents of all of this package's sources and of the shared helpers
+# (embcore._numba.cache).
+with kernels_cached_in(package_cache_dir("cpu", Path(__file__).resolve().parent)):
+    from embcore.ops.cpu import dedup, finite, gather
     from embcore.ops.cpu.layout import (
         F_IDS,
         F_TABLE,

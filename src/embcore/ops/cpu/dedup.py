@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import (
+from embcore._numba.address import (
     claim,
     f32_matrix,
     f32_vector,

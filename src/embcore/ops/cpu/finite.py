@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import f32_vector
+from embcore._numba.address import f32_vector
 
 __all__ = ["non_finite_flags"]
 

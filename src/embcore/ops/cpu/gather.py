@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from embcore.ops.cpu._address import claim, f32_matrix, f32_vector, i64_vector, prefetch_row
+from embcore._numba.address import claim, f32_matrix, f32_vector, i64_vector, prefetch_row
 from embcore.ops.cpu.combine import chunk_starts, gain, sample_scale, which_chunk
 from embcore.ops.cpu.layout import (
     F_COMBINER,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import f32_matrix, i64_vector, prefetch
+from embcore._numba.address import f32_matrix, i64_vector, prefetch
 from embcore.ops.cpu.combine import chunk_starts, which_chunk
 from embcore.ops.cpu.layout import (
     T_DIM,

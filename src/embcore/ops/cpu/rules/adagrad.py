@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import claim
+from embcore._numba.address import claim
 from embcore.ops.cpu.dedup import table_gradients
 from embcore.ops.cpu.rules._rows import (
     PREFETCH_ROWS,

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import claim, i32_vector
+from embcore._numba.address import claim, i32_vector
 from embcore.ops.cpu.layout import T_POSITIONS, T_VOCAB
 from embcore.ops.cpu.rules._rows import (
     PREFETCH_ROWS,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from embcore.ops.cpu._address import claim
+from embcore._numba.address import claim
 from embcore.ops.cpu.rules._rows import (
     PREFETCH_ROWS,
     chunk_rows,

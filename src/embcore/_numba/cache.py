@@ -1,16 +1,20 @@
-"""Where the CPU kernels' compiled code is cached on disk, keyed by the kernels' sources.
+"""Where embcore's Numba kernels cache their compiled code on disk, keyed by their sources.
 
 Numba's own cache (``@njit(cache=True)``) checks only the file that defines a kernel. Kernels
-here inline helpers from other files (``combine.py``, ``_address.py``, ``rules/_rows.py``), so
-a changed helper would leave stale machine code in place. Every kernel is therefore cached in
-a directory named after the embcore version and a hash of the contents of every source file of
-``embcore.ops.cpu``: any change to any of them (an upgrade, a local edit) selects a fresh
-directory. The directory sits under ``$NUMBA_CACHE_DIR/embcore`` when that is set, else under
-the user's cache directory (``~/.cache/embcore/numba`` on Linux). See docs/cpu_backend.md.
+inline helpers from other files (this package's ``address.py`` and ``mix.py``, the CPU
+backend's ``combine.py`` and ``rules/_rows.py``), so a changed helper would leave stale machine
+code in place. Every kernel is therefore cached in a directory named after the embcore version
+and a hash of the contents of every source file of this package (:func:`kernel_cache_dir`);
+a package whose kernels inline these helpers nests its own directory in it, named after a hash
+of its own sources (:func:`package_cache_dir`). Any change to any of them (an upgrade, a local
+edit) selects a fresh directory. The directory sits under ``$NUMBA_CACHE_DIR/embcore`` when
+that is set, else under the user's cache directory (``~/.cache/embcore/numba`` on Linux).
+See docs/cpu_backend.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -22,9 +26,16 @@ from pathlib import Path
 from numba.core import config
 from numba.misc.appdirs import AppDirs
 
-__all__ = ["SOURCE_ROOT", "cache_root", "kernel_cache_dir", "kernels_cached_in", "source_key"]
+__all__ = [
+    "SOURCE_ROOT",
+    "cache_root",
+    "kernel_cache_dir",
+    "kernels_cached_in",
+    "package_cache_dir",
+    "source_key",
+]
 
-#: the directory whose ``.py`` files the cache key covers (this package)
+#: the directory whose ``.py`` files the cache key covers (this package, the shared helpers)
 SOURCE_ROOT = Path(__file__).resolve().parent
 
 
@@ -70,6 +81,15 @@ def kernel_cache_dir() -> Path:
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "")
     fallback = Path(tempfile.gettempdir()) / f"embcore-numba-{user}" / name
     return fallback if _writable(fallback) else preferred
+
+
+def package_cache_dir(name: str, root: Path) -> Path:
+    """``<kernel_cache_dir()>/<name>-<source_key(root)>``, created if possible: the directory
+    of the kernels of the package at ``root``, which inline this package's helpers."""
+    path = kernel_cache_dir() / f"{name}-{source_key(root)}"
+    with contextlib.suppress(OSError):  # unwritable: Numba then compiles without caching
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @contextmanager

@@ -1,7 +1,6 @@
 """Numba kernels of the keyed-record digests that checkpoints of dynamic tables keep
 (:mod:`embcore.checkpoint._records`): two 64-bit lanes per record, each an iterated
-bijection of the record's key and words. Kept in this package so the kernel cache's source
-key covers them. See docs/dynamic_tables.md.
+bijection of the record's key and words. See docs/dynamic_tables.md.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from embcore.dynamic._kernels import mix64
+from embcore._numba.mix import mix64
 
 __all__ = ["fold", "start"]
 

@@ -2,7 +2,7 @@
 
 Kernels are plain ``nogil`` functions taking ``(..., worker, workers)`` as their last two
 arguments; the workers of a call claim chunks of work from a shared counter
-(:func:`._address.claim`) until none is left, so a thread the OS holds back does not keep the
+(:func:`.address.claim`) until none is left, so a thread the OS holds back does not keep the
 others waiting for its fixed share. This keeps
 compile time low (no parfor machinery, whose compilation costs seconds per kernel) and lets
 the pool's threads sleep between steps instead of spinning next to PyTorch's OpenMP threads.
