@@ -1,7 +1,7 @@
 """Per-record checksums of a disk table's working file.
 
 Each record keeps, in the 4 bytes of its header after the magic number, the CRC-32C
-(Castagnoli, :mod:`embcore.ops.cpu.crc32c`) of its id and values: written with the record,
+(Castagnoli, :mod:`embcore._numba.crc32c`) of its id and values: written with the record,
 checked whenever it is read, so that a damaged byte anywhere in a row is found before the row
 is used (docs/disk_tables.md, "Faults").
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from embcore.ops.cpu.crc32c import crc32c_rows
+from embcore._numba.crc32c import crc32c_rows
 
 __all__ = ["damaged", "seal"]
 

@@ -28,9 +28,9 @@ import numpy as np
 from numba import njit
 from numba.np.numpy_support import carray
 
+from embcore._numba.address import _voidptr
 from embcore.dynamic._init_kernels import draw_row
 from embcore.dynamic._kernels import _fingerprint, _hash_ahead, _probe
-from embcore.ops.cpu._address import _voidptr
 
 __all__ = ["COLUMNS", "MAX_SLOTS", "finish_tables", "stage_tables", "unstage_tables"]
 
