@@ -34,7 +34,7 @@ from embcore._numba import threads
 from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
-from embcore.initializers import BLOCK_ROWS, initial_rows
+from embcore.initializers import BLOCK_ROWS, initial_rows, slot_values
 from embcore.storage import DiskStorage, cached_row_bytes
 
 __all__ = ["DiskTable", "row_bytes", "row_shapes"]
@@ -200,11 +200,7 @@ class DiskTable:
                     self.table.name, self.rows, cfg.dim, cfg.initializer, self.seed
                 )
             weight = self._user_rows[start:stop]
-        out = {"weight": weight}
-        for name, shape in row_shapes(self.table).items():
-            if name != "weight":
-                out[name] = torch.full((stop - start, *shape), self._init[name])
-        return out
+        return {"weight": weight, **slot_values(self.table.optimizer, stop - start, cfg.dim)}
 
     def _make_block(self, block: int) -> None:
         """Draw block ``block``'s initial rows and write them (records, not the cache)."""

@@ -30,6 +30,7 @@ from embcore.dynamic.index import IndexMemoryError
 from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
 from embcore.dynamic.policy import Eviction
+from embcore.initializers import slot_values
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv
 from embcore.rows._key_shard import KeyShard
@@ -363,9 +364,5 @@ def _buffers(
     table: ResolvedTable, size: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, Tensor]:
     """``weight`` (zeros) and every slot (its initial value) of ``size`` rows."""
-    out = {"weight": torch.zeros((size, table.dim), dtype=dtype, device=device)}
-    opt = table.optimizer
-    for spec in opt.slot_specs() if opt else ():
-        shape = spec.shape(size, table.dim)
-        out[spec.name] = torch.full(shape, spec.initial_value, dtype=torch.float32, device=device)
-    return out
+    weight = torch.zeros((size, table.dim), dtype=dtype, device=device)
+    return {"weight": weight, **slot_values(table.optimizer, size, table.dim, device)}

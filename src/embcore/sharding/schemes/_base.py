@@ -316,3 +316,50 @@ class Scheme(ABC):
         tensor); schemes with staging buffers override this."""
         for _, tensor in chunks:
             self._put_local(name, tensor)
+
+    # -------------------------------------------------------------- reads by key
+    # The collectives behind a store's reads of keyed rows (``table_keys``, ``table_rows``,
+    # ``table_info``, ``dynamic_state``, ``load_dynamic_state``): a scheme that places keyed
+    # row storage answers them (``key_hash``: :class:`._key_views.KeyViews`); every rank calls
+    # the same ones, so the others raise on every rank before any exchange.
+    def keys_send(self, ex: Exchange) -> None:
+        """Gathering the table's keys (a collective): this rank's keys to every rank."""
+        raise self._not_keyed("keys")
+
+    def keys_take(self, inbox: Inbox) -> Tensor:
+        """``(R,) int64``: the keys holding a row on any rank, ascending."""
+        raise self._not_keyed("keys")
+
+    def rows_send(self, keys: Tensor, ex: Exchange) -> Any:
+        """Reading the rows of this rank's ``keys`` (a collective; never inserts): ask the
+        owners; returns the read's ``ctx``."""
+        raise self._not_keyed("rows by key")
+
+    def rows_serve(self, inbox: Inbox, ex: Exchange, ctx: Any) -> None:
+        """Owners: send back the rows every rank asked for."""
+        raise self._not_keyed("rows by key")
+
+    def rows_take(self, inbox: Inbox, ctx: Any) -> Tensor:
+        """``(K, dim) float32``: the rows of the keys asked for, zeros for keys without one."""
+        raise self._not_keyed("rows by key")
+
+    def info(self) -> dict[str, int]:
+        """The table's counters summed over the ranks (a collective), as
+        ``EmbeddingEngine.table_info`` reports them."""
+        raise self._not_keyed("counters")
+
+    def content(self) -> dict[str, np.ndarray]:
+        """The whole table's content by key, as one process's row storage gives it (every
+        rank's part, gathered onto every rank: a collective)."""
+        raise self._not_keyed("content by key")
+
+    def load_content(self, state: dict[str, Any]) -> None:
+        """Keep this rank's part of a whole table's :meth:`content` (every rank gets the
+        same; no communication)."""
+        raise self._not_keyed("content by key")
+
+    def _not_keyed(self, what: str) -> ValueError:
+        return ValueError(
+            f"table '{self.table.name}' ({self.scheme}) has no keyed rows: its {what} cannot "
+            "be read by key; its tensors are read whole (gather)"
+        )
