@@ -107,7 +107,7 @@ def test_the_graph_sees_imports():
     graph = import_graph()
     assert "embcore.engine._store" in graph["embcore.engine._engine"]
     assert "embcore.sharding.schemes" in graph["embcore.sharding._store"]
-    assert "embcore.engine" in graph["embcore.sharding.compat"]
+    assert "embcore._engine_class" in graph["embcore.sharding.compat"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -128,12 +128,6 @@ def test_engine_modules_import(name):
 
 
 # ------------------------------------------------ top-level packages, every import counted
-#: Ties against the layering that remain, each with its reason: module -> package it imports.
-ALLOWED_UPWARD = {
-    # ``ShardedEmbeddingEngine``: the name earlier versions gave an engine over a sharded
-    # store; it constructs an ``EmbeddingEngine``, so it sits above the engine it names.
-    ("embcore.sharding.compat", "embcore.engine"),
-}
 
 _MODULE_STRING = re.compile(r"(embcore(?:\.\w+)+)(?::\w+)?")
 
@@ -168,29 +162,34 @@ def _top(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def package_graph(allowed: set[tuple[str, str]] = ALLOWED_UPWARD) -> dict[str, set[str]]:
+def package_graph() -> dict[str, set[str]]:
     """embcore's top-level package or module -> the others its code imports, every import
-    counted (:func:`_every_import`), except the ``allowed`` ties."""
+    counted (:func:`_every_import`)."""
     graph: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
         name = _module_name(path)
         edges = graph.setdefault(_top(name), set())
         for target in _every_import(ast.parse(path.read_text(), str(path))):
-            tie = (name, _top(target))
-            if target.startswith("embcore.") and tie[1] != _top(name) and tie not in allowed:
-                edges.add(tie[1])
+            if target.startswith("embcore.") and _top(target) != _top(name):
+                edges.add(_top(target))
     return graph
 
 
 def test_the_package_graph_counts_lazy_imports_and_registries():
-    graph = package_graph(allowed=set())
+    graph = package_graph()
     assert "embcore.sharding" in graph["embcore.engine"]  # the STORES registry's string
-    assert "embcore.engine" in graph["embcore.sharding"]  # the compatibility name
     assert "embcore.train" in graph["embcore.compat"]  # imported inside a function only
     assert "embcore.rows" in graph["embcore.sharding"]
+    assert "embcore._numba" in graph["embcore.ops"]
 
 
 def test_no_cycle_among_top_level_packages_counting_every_import():
     """The layers (docs/architecture.md) import only downwards, also inside functions and
-    through string registries; :data:`ALLOWED_UPWARD` lists what remains, with reasons."""
+    through string registries: no exception."""
     assert find_cycle(package_graph()) is None
+
+
+def test_the_sharding_package_does_not_import_the_engine():
+    """``ShardedEmbeddingEngine`` builds an engine through the class the engine registers
+    (``embcore._engine_class``), not by importing the package above it."""
+    assert "embcore.engine" not in package_graph()["embcore.sharding"]

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 
 from embcore.config import ResolvedTable
+from embcore.optimizers.base import Optimizer
 
-__all__ = ["BLOCK_ROWS", "initial_rows", "initial_slots"]
+__all__ = ["BLOCK_ROWS", "initial_rows", "initial_slots", "slot_values"]
 
 BLOCK_ROWS = 1 << 16
 
@@ -96,17 +97,28 @@ def initial_rows(
     return value[start:stop].to(torch.float32).contiguous()
 
 
+def slot_values(
+    optimizer: Optimizer | None, rows: int, cols: int, device: torch.device | None = None
+) -> dict[str, Tensor]:
+    """Every slot of ``optimizer`` at its initial value, over ``rows`` rows of ``cols``
+    columns: ``{slot: (rows, cols) float32}``, ``(rows,)`` for a row-wise slot, on ``device``
+    (``{}`` without an optimizer). Every table kind builds its slots' starting values here."""
+    specs = optimizer.slot_specs() if optimizer is not None else ()
+    return {
+        s.name: torch.full(s.shape(rows, cols), s.initial_value, dtype=torch.float32, device=device)
+        for s in specs
+    }
+
+
 def initial_slots(table: ResolvedTable, weight: Tensor) -> dict[str, Tensor]:
     """A table's optimizer slots: the built-in constants, or ``slot_variable_creation_fn``'s."""
     opt = table.optimizer
     if opt is None:
         return {}
+    if opt.slot_variable_creation_fn is None:
+        return slot_values(opt, table.vocabulary_size, table.dim, weight.device)
     specs = opt.slot_specs()
     shapes = {s.name: s.shape(table.vocabulary_size, table.dim) for s in specs}
-    if opt.slot_variable_creation_fn is None:
-        return {
-            s.name: torch.full(shapes[s.name], s.initial_value, device=weight.device) for s in specs
-        }
 
     def constant(value: float):  # the built-in initializer, handed to the user's function
         return lambda shape, dtype=torch.float32: torch.full(shape, value, dtype=dtype)

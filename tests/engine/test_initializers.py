@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import math
 
+import numpy as np
 import pytest
 import torch
 
+import embcore as ec
 from embcore import initializers
 from embcore.initializers import BLOCK_ROWS, initial_rows
 
@@ -75,3 +77,32 @@ def test_values_do_not_follow_the_default_dtype():
         torch.set_default_dtype(before)
     assert rows.dtype == torch.float32
     assert torch.equal(rows, _formula_rows(3, "t", 65_536 + 5, 2)[65_530:])
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        None,
+        ec.SGD(learning_rate=0.1),
+        ec.Adagrad(learning_rate=0.1, initial_accumulator_value=0.25),
+        ec.RowwiseAdagrad(learning_rate=0.1, initial_accumulator_value=0.5),
+        ec.FTRL(learning_rate=0.1, initial_accumulator_value=0.75),
+        ec.Adam(learning_rate=0.1),
+    ],
+    ids=lambda o: type(o).__name__,
+)
+def test_slot_values_hold_every_slot_at_its_initial_value(optimizer):
+    """The one builder of optimizer slots' starting values (dense, keyed and disk rows, shard
+    pieces and checkpoints call it), against the slot specs read directly."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the slots are float32 whatever the default
+    try:
+        got = initializers.slot_values(optimizer, 5, 3)
+    finally:
+        torch.set_default_dtype(before)
+    specs = optimizer.slot_specs() if optimizer is not None else ()
+    assert list(got) == [s.name for s in specs]
+    for s in specs:
+        expected = np.full((5,) if s.rowwise else (5, 3), s.initial_value, dtype=np.float32)
+        assert got[s.name].dtype == torch.float32
+        np.testing.assert_array_equal(got[s.name].numpy(), expected)

@@ -172,3 +172,37 @@ def test_checkpoint_is_a_plain_full_table(tmp_path):
     assert sorted(stored) == sorted(engine.state_dict())
     for table, value in engine.embedding_tables.items():
         assert torch.equal(stored[f"{table}.weight"], value)
+
+
+def test_keyed_reads_go_to_the_tables_scheme_and_refuse_dense_rows():
+    """The store asks each table's scheme for reads by key: a one-rank key-hash table answers
+    as the one-process engine does; a dense table's scheme refuses, naming the table, and the
+    store changes nothing."""
+    import dynamic_sharding_harness as d
+
+    one, sharded = d.engine(None), d.engine(1)
+    d.train(one, [0], range(3))
+    d.train(sharded, [0], range(3))
+    user = next(t.index for t in sharded.tables if t.name == "user")
+    fixed = next(t.index for t in sharded.tables if t.name == "fixed")
+    assert torch.equal(sharded.store.table_keys(user), one.store.table_keys(user))
+    probe = d.PROBE
+    assert torch.equal(sharded.store.table_rows(user, probe), one.store.table_rows(user, probe))
+    assert sharded.store.table_info(user) == one.store.table_info(user)
+    state = sharded.store.dynamic_state(user)
+    for name, value in one.store.dynamic_state(user).items():
+        assert torch.equal(torch.as_tensor(state[name]), torch.as_tensor(value)), name
+    before = sharded.embedding_tables["fixed"].clone()
+    for read in (
+        lambda: sharded.store.table_keys(fixed),
+        lambda: sharded.store.table_rows(fixed, torch.tensor([0, 1])),
+        lambda: sharded.store.table_info(fixed),
+        lambda: sharded.store.dynamic_state(fixed),
+        lambda: sharded.store.load_dynamic_state(fixed, state),
+    ):
+        with pytest.raises(ValueError, match=r"table 'fixed' .* has no keyed rows"):
+            read()
+    with pytest.raises(ValueError, match="table 'user' is dynamic: its rows are loaded"):
+        sharded.store.load_full([(user, "weight", torch.zeros(2, 4))])
+    assert torch.equal(sharded.embedding_tables["fixed"], before)
+    assert torch.equal(sharded.store.table_keys(user), one.store.table_keys(user))

@@ -34,6 +34,7 @@ from torch import Tensor
 from embcore._comm import Comm
 from embcore.dynamic import state_check
 from embcore.engine import EmbeddingEngine
+from embcore.initializers import slot_values
 
 __all__ = ["EngineView", "StoredTensor", "table_of"]
 
@@ -138,15 +139,8 @@ class EngineView:
     def initial_slots(self, table: str, rows: int) -> dict[str, np.ndarray]:
         """A dynamic table's optimizer slots for ``rows`` new rows: ``{slot: (rows, ...)
         float32}`` at the optimizer's initial values (as a newly admitted key gets)."""
-        index = self._index(table)
-        opt = self._engine.tables[index].optimizer
-        specs = opt.slot_specs() if opt is not None else ()
-        return {
-            s.name: np.full(
-                (rows, *self._engine.store.shape(index, s.name)[1:]), s.initial_value, np.float32
-            )
-            for s in specs
-        }
+        t = self._engine.tables[self._index(table)]
+        return {k: v.numpy() for k, v in slot_values(t.optimizer, rows, t.dim).items()}
 
     def _index(self, table: str) -> int:
         return next(t.index for t in self._engine.tables if t.name == table)

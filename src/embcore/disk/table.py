@@ -35,7 +35,7 @@ from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
 from embcore.disk._checksum import damaged, seal
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
-from embcore.initializers import BLOCK_ROWS, initial_rows
+from embcore.initializers import BLOCK_ROWS, initial_rows, slot_values
 from embcore.storage import DiskStorage, cached_row_bytes
 
 __all__ = ["DiskTable", "row_bytes", "row_shapes"]
@@ -216,11 +216,7 @@ class DiskTable:
                     self.table.name, vocab, cfg.dim, cfg.initializer, self.seed
                 )
             weight = self._user_rows[a:b]
-        out = {"weight": weight}
-        for name, shape in row_shapes(self.table).items():
-            if name != "weight":
-                out[name] = torch.full((stop - start, *shape), self._init[name])
-        return out
+        return {"weight": weight, **slot_values(self.table.optimizer, stop - start, cfg.dim)}
 
     def _make_block(self, block: int) -> None:
         """Draw block ``block``'s initial rows and write them (records, not the cache)."""

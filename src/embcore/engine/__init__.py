@@ -13,7 +13,10 @@ See docs/architecture.md.
 """
 
 from embcore import ops  # noqa: F401  (the dispatch every store calls)
+from embcore._engine_class import register_engine
 from embcore.engine._batch import PreparedBatch
 from embcore.engine._engine import EmbeddingEngine
 
 __all__ = ["EmbeddingEngine", "PreparedBatch"]
+
+register_engine(EmbeddingEngine)  # for ShardedEmbeddingEngine, below the engine

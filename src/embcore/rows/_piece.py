@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from embcore.config import ResolvedTable
-from embcore.initializers import BLOCK_ROWS, initial_rows, initial_slots
+from embcore.initializers import BLOCK_ROWS, initial_rows, initial_slots, slot_values
 
 __all__ = ["Piece", "initial_piece"]
 
@@ -99,9 +99,5 @@ def initial_piece(
             for name, value in made.items()
         }
     else:
-        n = piece.size
-        slots = {
-            s.name: torch.full((n,) if s.rowwise else (n, hi - lo), s.initial_value, dtype=F32)
-            for s in opt.slot_specs()
-        }
+        slots = slot_values(opt, piece.size, hi - lo)
     return weight, {k: v.to(device=device, dtype=F32).contiguous() for k, v in slots.items()}

@@ -14,6 +14,7 @@ concatenation of all ranks' batches. See ``docs/sharding.md``.
   tables; :mod:`~embcore.sharding.compat`: the ``ShardedEmbeddingEngine`` compatibility name.
 """
 
+from embcore.sharding.compat import ShardedEmbeddingEngine
 from embcore.sharding.plan import ShardingPlan, TableShard
 from embcore.sharding.planner import RankLoad, TableLoad, estimate, plan
 from embcore.sharding.schemes import SCHEMES
@@ -28,13 +29,3 @@ __all__ = [
     "estimate",
     "plan",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # ShardedEmbeddingEngine imports embcore.engine, which `import embcore` loads without
-    # loading this package (whose planner imports are heavier): resolve it on first use.
-    if name == "ShardedEmbeddingEngine":
-        from embcore.sharding.compat import ShardedEmbeddingEngine
-
-        return ShardedEmbeddingEngine
-    raise AttributeError(f"module 'embcore.sharding' has no attribute {name!r}")

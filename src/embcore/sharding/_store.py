@@ -32,7 +32,7 @@ from embcore.inputs import FeatureBatch
 from embcore.rows import Chunks, Records, close_rows, row_class, stored_names
 from embcore.sharding.plan import ShardingPlan
 from embcore.sharding.planner import plan as make_plan
-from embcore.sharding.schemes import SCHEMES, KeyHash, Scheme, ShardEnv, lookup_load
+from embcore.sharding.schemes import SCHEMES, Scheme, ShardEnv, lookup_load
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["ShardTensor", "ShardedStore"]
@@ -308,11 +308,6 @@ class ShardedStore:
     def load_full(self, items: Sequence[tuple[int, str, Tensor]]) -> None:
         """Each rank copies its pieces out of the full tensors (no communication)."""
         for t, name, value in items:
-            if self.records(t) != "tensors":
-                raise ValueError(
-                    f"table '{self.tables[t].name}' is dynamic: its rows are loaded with "
-                    "their keys (load_dynamic_state), not as a whole tensor"
-                )
             self._sharded[t].load_full(name, value.to(self._device))
 
     def shape(self, table: int, name: str) -> tuple[int, ...]:
@@ -336,11 +331,13 @@ class ShardedStore:
     def flush_before_training_lookup(self) -> bool:
         return any(s.flush_before_training_lookup for s in self._sharded)
 
-    # ---------------------------------------------------------------- dynamic tables
+    # ---------------------------------------------------------------- keyed rows
+    # Read by key through each table's scheme (a key shard per owner: ``key_hash``); every
+    # one is a collective.
     def table_keys(self, table: int) -> Tensor:
-        """``(R,) int64``: the keys of dynamic table ``table`` holding a row on any rank,
+        """``(R,) int64``: the keys of keyed table ``table`` holding a row on any rank,
         ascending (a collective)."""
-        s = self._key_hash(table)
+        s = self._sharded[table]
         self._begin("gather")
         ex = self._exchange()
         s.keys_send(ex)
@@ -350,9 +347,9 @@ class ShardedStore:
         return out
 
     def table_rows(self, table: int, keys: Tensor) -> Tensor:
-        """``(K, dim) float32``: the rows of this rank's ``keys`` in dynamic table ``table``,
+        """``(K, dim) float32``: the rows of this rank's ``keys`` in keyed table ``table``,
         zeros for keys without one (a collective; reads only, never inserts)."""
-        s = self._key_hash(table)
+        s = self._sharded[table]
         self._begin("gather")
         ex = self._exchange()
         ctx = s.rows_send(keys, ex)
@@ -366,50 +363,20 @@ class ShardedStore:
         return out
 
     def table_info(self, table: int) -> dict[str, int]:
-        """Dynamic table ``table``'s counters (``EmbeddingEngine.table_info``), summed over
-        the ranks (a collective); a disk table's counters, summed over its pieces."""
-        if not isinstance(self._sharded[table], KeyHash):  # a disk table's pieces
-            rows = self._sharded[table].rows
-            held = rows.info() if rows is not None else {}
-            everyone: list[Any] = [held]
-            if self._comm.distributed and self._comm.world > 1:
-                everyone = [None] * self._comm.world
-                dist.all_gather_object(everyone, held, group=self._comm.group)
-            return {k: sum(i.get(k, 0) for i in everyone) for info in everyone for k in info}
-        s = self._key_hash(table)
-        mine = [0, 0, 0]
-        if s.rows is not None:
-            info = s.rows.info()
-            mine = [info["rows"], info["pending"], info["dropped_gradients"]]
-        total = [sum(v) for v in zip(*self._comm.all_gather_ints(mine), strict=True)]
-        return {
-            "rows": total[0],
-            "pending": total[1],
-            "dropped_gradients": total[2],
-            "step": s.step,
-        }
+        """Table ``table``'s counters (``EmbeddingEngine.table_info``): a keyed table's, or a
+        disk table's summed over its pieces (a collective)."""
+        return self._sharded[table].info()
 
     def dynamic_state(self, table: int) -> dict[str, Any]:
-        """Dynamic table ``table``'s whole content, as one process's store gives it (every
+        """Keyed table ``table``'s whole content, as one process's store gives it (every
         rank's keys, gathered onto every rank: a collective)."""
-        s = self._key_hash(table)
-        mine = s.rows.shard_content() if s.rows is not None else None
-        everyone: list[Any] = [mine]
-        if self._comm.distributed and self._comm.world > 1:
-            everyone = [None] * self._comm.world
-            dist.all_gather_object(everyone, mine, group=self._comm.group)
-        return s.content(everyone)
+        return self._sharded[table].content()
 
     def load_dynamic_state(self, table: int, state: dict[str, Any]) -> None:
-        """Replace dynamic table ``table``'s content with a whole table's
+        """Replace keyed table ``table``'s content with a whole table's
         :meth:`dynamic_state` (every rank passes the same; each keeps the keys hashed to it,
         whatever number of ranks wrote it). No communication."""
-        self._key_hash(table).load_content(state)
-
-    def _key_hash(self, table: int) -> KeyHash:
-        s = self._sharded[table]
-        assert isinstance(s, KeyHash), f"table '{s.table.name}' is not a dynamic table"
-        return s
+        self._sharded[table].load_content(state)
 
     # -------------------------------------------------------------------- statistics
     def stats_tables(self) -> list[StatsTable]:

@@ -2,8 +2,9 @@
 
 An :class:`embcore.EmbeddingEngine` shards its tables itself (a
 :class:`~embcore.sharding._store.ShardedStore`) when given ``plan=`` or ``process_group=``, or
-under a process group of several ranks; this name remains for code written against it. See
-docs/sharding.md.
+under a process group of several ranks; this name remains for code written against it. This
+package sits below the engine, so the engine class comes from :mod:`embcore._engine_class`
+(where ``embcore.engine`` registers it). See docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from embcore.engine import EmbeddingEngine
+from embcore._engine_class import engine_class
 from embcore.sharding.planner import plan as make_plan
 
 __all__ = ["ShardedEmbeddingEngine"]
@@ -20,7 +21,7 @@ __all__ = ["ShardedEmbeddingEngine"]
 
 class _EngineWithShardedStore(type):
     def __instancecheck__(cls, obj: object) -> bool:
-        return isinstance(obj, EmbeddingEngine) and obj.store.name == "sharded"
+        return isinstance(obj, engine_class()) and obj.store.name == "sharded"  # type: ignore[attr-defined]
 
 
 class ShardedEmbeddingEngine(metaclass=_EngineWithShardedStore):
@@ -45,12 +46,12 @@ class ShardedEmbeddingEngine(metaclass=_EngineWithShardedStore):
         plan: Any = None,
         process_group: dist.ProcessGroup | None = None,
         **kwargs: Any,
-    ) -> EmbeddingEngine:
+    ) -> Any:
         if plan is None and process_group is None:
             one = not (dist.is_available() and dist.is_initialized())
             plan = make_plan(
                 feature_config, 1 if one else dist.get_world_size(), optimizer=optimizer
             )
-        return EmbeddingEngine(
+        return engine_class()(
             feature_config, optimizer, plan=plan, process_group=process_group, **kwargs
         )

@@ -32,6 +32,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from embcore import optimizers as opt
+from embcore.initializers import slot_values
 from embcore.inputs import FeatureBatch
 from embcore.ops.state import TableState
 from embcore.ops.triton import launch, lookup, non_finite, update
@@ -110,10 +111,7 @@ def _record(s: Scenario) -> list[launch.Launch]:
     optimizer, vocab, bags = OPTIMIZERS[s.optimizer], 64, max(128, 1040 // per_bag)
     gen = torch.Generator().manual_seed(0)
     weight = torch.zeros(vocab, dim, dtype=s.dtype)
-    slots = {
-        spec.name: torch.full(spec.shape(vocab, dim), spec.initial_value)
-        for spec in optimizer.slot_specs()
-    }
+    slots = slot_values(optimizer, vocab, dim)
     state = TableState("t", weight, slots, optimizer, s.stochastic)
     feats = []
     for combiner, w in zip(combiners, weighted, strict=True):

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from embcore import ops
@@ -340,3 +341,58 @@ class Scheme(ABC):
         assert piece is not None and piece.row_start is not None
         start, col = piece.row_start, piece.cols[0]
         return [((o[0] + start, *(c + col for c in o[1:])), box) for o, box in chunks]
+
+    # -------------------------------------------------------------- reads by key
+    # The collectives behind a store's reads of keyed rows (``table_keys``, ``table_rows``,
+    # ``table_info``, ``dynamic_state``, ``load_dynamic_state``): a scheme that places keyed
+    # row storage answers them (``key_hash``: :class:`._key_views.KeyViews`); every rank calls
+    # the same ones, so the others raise on every rank before any exchange.
+    def keys_send(self, ex: Exchange) -> None:
+        """Gathering the table's keys (a collective): this rank's keys to every rank."""
+        raise self._not_keyed("keys")
+
+    def keys_take(self, inbox: Inbox) -> Tensor:
+        """``(R,) int64``: the keys holding a row on any rank, ascending."""
+        raise self._not_keyed("keys")
+
+    def rows_send(self, keys: Tensor, ex: Exchange) -> Any:
+        """Reading the rows of this rank's ``keys`` (a collective; never inserts): ask the
+        owners; returns the read's ``ctx``."""
+        raise self._not_keyed("rows by key")
+
+    def rows_serve(self, inbox: Inbox, ex: Exchange, ctx: Any) -> None:
+        """Owners: send back the rows every rank asked for."""
+        raise self._not_keyed("rows by key")
+
+    def rows_take(self, inbox: Inbox, ctx: Any) -> Tensor:
+        """``(K, dim) float32``: the rows of the keys asked for, zeros for keys without one."""
+        raise self._not_keyed("rows by key")
+
+    def info(self) -> dict[str, int]:
+        """The table's counters summed over the ranks (a collective), as
+        ``EmbeddingEngine.table_info`` reports them: here those of a table in ``DiskStorage``,
+        whose every piece counts its cache and file (a rank without a piece adds nothing)."""
+        if self.table.storage is None:
+            raise self._not_keyed("counters")
+        held = self.rows.info() if self.rows is not None else {}
+        everyone: list[Any] = [held]
+        if self.comm.distributed and self.comm.world > 1:
+            everyone = [None] * self.comm.world
+            dist.all_gather_object(everyone, held, group=self.comm.group)
+        return {k: sum(i.get(k, 0) for i in everyone) for info in everyone for k in info}
+
+    def content(self) -> dict[str, np.ndarray]:
+        """The whole table's content by key, as one process's row storage gives it (every
+        rank's part, gathered onto every rank: a collective)."""
+        raise self._not_keyed("content by key")
+
+    def load_content(self, state: dict[str, Any]) -> None:
+        """Keep this rank's part of a whole table's :meth:`content` (every rank gets the
+        same; no communication)."""
+        raise self._not_keyed("content by key")
+
+    def _not_keyed(self, what: str) -> ValueError:
+        return ValueError(
+            f"table '{self.table.name}' ({self.scheme}) has no keyed rows: its {what} cannot "
+            "be read by key; its tensors are read whole (gather)"
+        )

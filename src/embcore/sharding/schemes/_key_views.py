@@ -1,9 +1,10 @@
 """Reading and moving a key-hash (dynamic) table's content: keys, rows, whole state.
 
-The collectives behind ``table_keys``, ``table_rows``, ``embedding_tables`` /
+The collectives behind ``table_keys``, ``table_rows``, ``table_info``, ``embedding_tables`` /
 ``slot_variables`` (every key's values in ascending key order) and ``state_dict`` of a sharded
-engine, and the loading of a whole table's state onto this world's shards (each rank keeps
-the keys its hash picks, whatever number of ranks wrote it). A mixin of
+engine (a scheme's reads by key, declared by :class:`~embcore.sharding.schemes.Scheme`), and
+the loading of a whole table's state onto this world's shards (each rank keeps the keys its
+hash picks, whatever number of ranks wrote it). A mixin of
 :class:`~embcore.sharding.schemes.key_hash.KeyHash`. See ``docs/sharding.md`` ("Dynamic
 tables").
 """
@@ -15,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from embcore._comm import Exchange, Inbox
+from embcore._comm import Comm, Exchange, Inbox
 from embcore.config import ResolvedTable
 from embcore.sharding._wire import F32, I64
 from embcore.sharding.keyhash import key_shard
@@ -34,6 +36,7 @@ class KeyViews:
 
     table: ResolvedTable
     env: ShardEnv
+    comm: Comm
     rows: KeyedRows | None
     owner: list[int]
     num_shards: int
@@ -77,6 +80,13 @@ class KeyViews:
         order = torch.argsort(torch.cat(keys))
         return torch.cat(values)[order.to(self.env.device)]
 
+    def load_full(self, name: str, full: Tensor) -> None:
+        """Refused on every rank: keyed rows are loaded with their keys."""
+        raise ValueError(
+            f"table '{self.table.name}' is dynamic: its rows are loaded with their keys "
+            "(load_dynamic_state), not as a whole tensor"
+        )
+
     def logical_tail(self, name: str) -> tuple[int, ...]:
         """The shape of one key's ``weight`` or slot value."""
         if name == "weight":
@@ -119,10 +129,30 @@ class KeyViews:
         rows[ctx.order] = fetched
         return rows[ctx.inverse]
 
+    def info(self) -> dict[str, int]:
+        """``rows``, ``pending`` and ``dropped_gradients`` summed over the shards, and the key
+        spaces' ``step`` (a collective), as one process's ``table_info`` gives them."""
+        mine = [0, 0, 0]
+        if self.rows is not None:
+            info = self.rows.info()
+            mine = [info["rows"], info["pending"], info["dropped_gradients"]]
+        total = [sum(v) for v in zip(*self.comm.all_gather_ints(mine), strict=True)]
+        return {
+            "rows": total[0],
+            "pending": total[1],
+            "dropped_gradients": total[2],
+            "step": self.step,
+        }
+
     # ------------------------------------------------------------- whole content
-    def content(self, everyone: list[Any]) -> dict[str, np.ndarray]:
-        """The whole table's content from every rank's :meth:`KeyedRows.shard_content`
-        (``None`` from ranks that hold no shard), as one process's ``dynamic_state`` gives it."""
+    def content(self) -> dict[str, np.ndarray]:
+        """The whole table's content, every shard's :meth:`KeyedRows.shard_content` gathered
+        onto every rank (a collective), as one process's ``dynamic_state`` gives it."""
+        mine = self.rows.shard_content() if self.rows is not None else None
+        everyone: list[Any] = [mine]
+        if self.comm.distributed and self.comm.world > 1:
+            everyone = [None] * self.comm.world
+            dist.all_gather_object(everyone, mine, group=self.comm.group)
         return merge_states([c for c in everyone if c is not None])
 
     def load_content(self, state: dict[str, Any]) -> None:
