@@ -457,6 +457,8 @@ def worker(rank: int, world: int, combo: Combo, tmp: str) -> dict[str, Any]:
         if step == combo.steps // 2:
             ec.checkpoint.save(engine, os.path.join(tmp, "mid"))
     ec.checkpoint.save(engine, os.path.join(tmp, "end"), base=os.path.join(tmp, "mid"))
+    # a delta of the ranks on the base one process saved (loaded above)
+    ec.checkpoint.save(engine, os.path.join(tmp, "end1"), base=os.path.join(tmp, "full"))
     if stats is not None:
         engine.write_statistics()
     return {"acts": acts}
@@ -465,8 +467,8 @@ def worker(rank: int, world: int, combo: Combo, tmp: str) -> dict[str, Any]:
 def run_sharded(combo: Combo, tmp: str, launch: Any) -> None:
     """The first half in one process, then a full save; the second half on 2 ranks that
     loaded it (a full save and a delta on it); one process loads the delta (2 -> 1). Every
-    step against the model. (A delta of 2 ranks on a base one process saved is refused:
-    the base must come from the same kind of engine.)"""
+    step against the model; and a delta the ranks saved on the one-process base loads in
+    one process too (1 -> 2 -> 1 through a delta)."""
     model = Reference(combo)
     half = combo.steps // 2
     runner = Runner(combo, combo.engine())
@@ -491,9 +493,10 @@ def run_sharded(combo: Combo, tmp: str, launch: Any) -> None:
                 mine[name] = want[name][offset[name] : offset[name] + len(rows)]
                 offset[name] += len(rows)
             check_acts(ranks[rank]["acts"][i], mine, f"rank {rank} step {step}")
-    fresh = combo.engine()
-    ec.checkpoint.load(fresh, os.path.join(tmp, "end"))
-    check_state(fresh, model, "loaded from 2 ranks at the end")
+    for name in ("end", "end1"):
+        fresh = combo.engine()
+        ec.checkpoint.load(fresh, os.path.join(tmp, name))
+        check_state(fresh, model, f"loaded from 2 ranks at the end ({name})")
     if combo.stats:
         check_stats(os.path.join(tmp, "stats"), combo, range(half, combo.steps))
 

@@ -148,11 +148,19 @@ def link_to(path: str, base: str) -> tuple[Link, dict[str, Any]]:
     return link, entry
 
 
+#: engine classes whose checkpoints hold the same records: a sharded engine writes whole
+#: tables and keyed records that do not depend on the number of ranks, so a delta of either
+#: may stand on a base the other saved (as full checkpoints load between any numbers)
+_SAME_RECORDS = {"ShardedEmbeddingEngine": "EmbeddingEngine"}
+
+
 def _shape(described: dict[str, Any]) -> dict[str, Any]:
-    """What must agree between a delta and its base: the engine class, the tables (name,
-    vocabulary size, dim, optimizer type) and the features with their tables."""
+    """What must agree between a delta and its base: the engine class (one process or
+    sharded: the same), the tables (name, vocabulary size, dim, optimizer type) and the
+    features with their tables."""
+    engine = (described.get("engine") or {}).get("class")
     return {
-        "engine": (described.get("engine") or {}).get("class"),
+        "engine": _SAME_RECORDS.get(engine, engine),
         "tables": [
             (
                 t.get("name"),
