@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from embcore._numba import threads
-from embcore.dynamic import _init_kernels, _kernels
+from embcore._numba.mix import mix64
+from embcore.dynamic import _init_kernels
 from embcore.dynamic.index import check_keys
 
 __all__ = ["TRUNCATE_AT", "default_rows", "new_rows", "table_salt"]
@@ -39,8 +40,8 @@ def table_salt(seed: int, table: str) -> int:
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"table '{table}': seed must be an int, got {seed!r}")
     name = int.from_bytes(hashlib.blake2b(table.encode(), digest_size=8).digest(), "little")
-    mixed = int(_kernels.mix64(np.uint64(name)))
-    return int(_kernels.mix64(np.uint64((seed & _U64) ^ mixed)))
+    mixed = int(mix64(np.uint64(name)))
+    return int(mix64(np.uint64((seed & _U64) ^ mixed)))
 
 
 def default_rows(seed: int, table: str, keys: np.ndarray, dim: int) -> np.ndarray:
