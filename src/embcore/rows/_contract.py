@@ -23,7 +23,15 @@ from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.inputs import FeatureBatch
 
-__all__ = ["Chunks", "Records", "RowEnv", "RowStore", "StoredTensor", "stored_names"]
+__all__ = [
+    "Chunks",
+    "Records",
+    "RowEnv",
+    "RowStore",
+    "StoredTensor",
+    "stored_names",
+    "whole_tensor_error",
+]
 
 #: ``(offsets, tensor)`` boxes of a logical tensor: ``tensor`` sits at ``offsets`` in it.
 Chunks = list[tuple[tuple[int, ...], Tensor]]
@@ -211,3 +219,11 @@ class RowStore(Protocol):
         """Replace the content with a :meth:`content` (checked first: a ``ValueError``
         naming the table and the part leaves everything unchanged)."""
         ...
+
+
+def whole_tensor_error(table: str) -> ValueError:
+    """The refusal of writing a keyed table's rows as one tensor (they load with their keys)."""
+    return ValueError(
+        f"table '{table}' is dynamic: its rows are loaded with their keys "
+        "(load_dynamic_state), not as a whole tensor"
+    )

@@ -107,10 +107,7 @@ class DiskRows(nn.Module):
         return out
 
     def state(self) -> ops.TableState:
-        t = self.disk.cache.tensors
-        if self._state is None or self._state.weight is not t["weight"]:
-            slots = {n: v for n, v in t.items() if n != "weight"}
-            self._state = ops.TableState(self.table.name, t["weight"], slots, self.table.optimizer)
+        self._state = cache_state(self.table, self.disk, self._state)
         return self._state
 
     def end_step(self) -> None:
@@ -236,3 +233,15 @@ def closed_error(table: str, disk: DiskTable) -> RuntimeError:
         f"table '{table}': its engine was closed (the working file in "
         f"{disk.file.directory} is released); make a new engine and load a checkpoint into it"
     )
+
+
+def cache_state(
+    table: ResolvedTable, disk: DiskTable, state: ops.TableState | None
+) -> ops.TableState:
+    """The kernels' view of a disk table's cache: ``state`` while the cache keeps its tensors,
+    a new one after it replaced them (it grew for an oversized step)."""
+    t = disk.cache.tensors
+    if state is None or state.weight is not t["weight"]:
+        slots = {n: v for n, v in t.items() if n != "weight"}
+        state = ops.TableState(table.name, t["weight"], slots, table.optimizer)
+    return state

@@ -38,8 +38,8 @@ from embcore.dynamic import state_check
 from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
 from embcore.inputs import FeatureBatch
-from embcore.rows._contract import Records, RowEnv
-from embcore.rows.disk import closed_error, disk_counters
+from embcore.rows._contract import Records, RowEnv, whole_tensor_error
+from embcore.rows.disk import cache_state, closed_error, disk_counters
 
 __all__ = ["DiskKeyedRows", "key_space_bytes"]
 
@@ -168,10 +168,7 @@ class DiskKeyedRows(nn.Module):
         return np.where(rows >= 0, rows + 1, SINK)
 
     def state(self) -> ops.TableState:
-        t = self.disk.cache.tensors
-        if self._state is None or self._state.weight is not t["weight"]:
-            slots = {n: v for n, v in t.items() if n != "weight"}
-            self._state = ops.TableState(self.table.name, t["weight"], slots, self.table.optimizer)
+        self._state = cache_state(self.table, self.disk, self._state)
         return self._state
 
     def end_step(self) -> None:
@@ -262,10 +259,7 @@ class DiskKeyedRows(nn.Module):
         return self._by_key(self.space.keys(), (name,))[name]
 
     def write(self, name: str, value: Tensor) -> None:
-        raise ValueError(
-            f"table '{self.table.name}' is dynamic: its rows are loaded with their keys "
-            "(load_dynamic_state), not as a whole tensor"
-        )
+        raise whole_tensor_error(self.table.name)
 
     def keys(self) -> Tensor:
         return torch.from_numpy(self.space.keys())

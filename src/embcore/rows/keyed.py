@@ -32,7 +32,7 @@ from embcore.dynamic.init import new_rows, table_salt
 from embcore.dynamic.keyspace import KeySpace
 from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
-from embcore.rows._contract import Records, RowEnv
+from embcore.rows._contract import Records, RowEnv, whole_tensor_error
 from embcore.rows._key_shard import KeyShard
 from embcore.rows._module import RowModule
 from embcore.rows._zeros import lazy_zeros as _zeros
@@ -219,10 +219,7 @@ class KeyedRows(KeyShard, RowModule):
         return self._values(self.space.keys(), name)
 
     def write(self, name: str, value: Tensor) -> None:
-        raise ValueError(
-            f"table '{self.table.name}' is dynamic: its rows are loaded with their keys "
-            "(load_dynamic_state), not as a whole tensor"
-        )
+        raise whole_tensor_error(self.table.name)
 
     def keys(self) -> Tensor:
         return torch.from_numpy(self.space.keys())

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from embcore._comm import Comm, Exchange, Inbox
 from embcore.config import ResolvedTable
+from embcore.rows._contract import whole_tensor_error
 from embcore.sharding._wire import F32, I64
 from embcore.sharding.keyhash import key_shard
 from embcore.sharding.schemes._base import ShardEnv
@@ -82,10 +83,7 @@ class KeyViews:
 
     def load_full(self, name: str, full: Tensor) -> None:
         """Refused on every rank: keyed rows are loaded with their keys."""
-        raise ValueError(
-            f"table '{self.table.name}' is dynamic: its rows are loaded with their keys "
-            "(load_dynamic_state), not as a whole tensor"
-        )
+        raise whole_tensor_error(self.table.name)
 
     def logical_tail(self, name: str) -> tuple[int, ...]:
         """The shape of one key's ``weight`` or slot value."""
