@@ -35,6 +35,19 @@ class LazyBox:
         self._buffer: Tensor | None = None
         self._filled = 0
 
+    def amend(self, change: Callable[[Tensor], None]) -> None:
+        """Loading: ``change(values)`` runs on the filled box just before it is written (a
+        delta's rows written over a base's box)."""
+        write = self._write
+        if write is None:
+            raise ValueError("LazyBox.amend: only a box to load can be amended")
+
+        def amended(values: Tensor) -> None:
+            change(values)
+            write(values)
+
+        self._write = amended
+
     def size(self) -> torch.Size:
         return torch.Size(self.shape)
 

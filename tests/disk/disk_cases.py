@@ -59,3 +59,34 @@ def assert_same_tables(memory: ec.EmbeddingEngine, disk: ec.EmbeddingEngine) -> 
         assert torch.equal(disk.embedding_tables[name], weight), name
         for slot, value in memory.slot_variables[name].items():
             assert torch.equal(disk.slot_variables[name][slot], value), (name, slot)
+
+
+def big_small_engine(
+    vocab: int, dim: int, opt: ec.Optimizer, directory: Path | None = None, rows: int = 5
+) -> ec.EmbeddingEngine:
+    """Table ``big`` (``vocab`` x ``dim``; in DiskStorage caching ``rows`` rows unless
+    ``directory`` is None) and table ``small`` (7 x 3) in memory beside it."""
+    storage = None if directory is None else ec.DiskStorage(directory, cache_bytes(rows, dim, opt))
+    big = ec.TableConfig(vocab, dim, name="big", storage=storage)
+    small = ec.TableConfig(7, 3, name="small")
+    features = {"b": ec.FeatureConfig(big), "s": ec.FeatureConfig(small)}
+    return ec.EmbeddingEngine(features, opt, seed=3)
+
+
+def big_small_batches(n: int, vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` batches of 16 Zipf ids of ``big`` and 16 uniform ids of ``small``."""
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "b": torch.from_numpy(rng.zipf(1.2, 16) % vocab),
+            "s": torch.from_numpy(rng.integers(0, 7, 16)),
+        }
+        for _ in range(n)
+    ]
+
+
+def train_big_small(e: ec.EmbeddingEngine, steps: list[dict[str, torch.Tensor]]) -> None:
+    """One training step per batch, on a loss of both features."""
+    for batch in steps:
+        acts = e(batch)
+        (acts["b"].pow(2).sum() + acts["s"].sum()).backward()

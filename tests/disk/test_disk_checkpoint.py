@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
 import pytest
 import torch
-from disk_cases import assert_same_tables, cache_bytes
+from disk_cases import (
+    assert_same_tables,
+    big_small_batches,
+    big_small_engine,
+    cache_bytes,
+    train_big_small,
+)
 
 import embcore as ec
 import embcore.disk.table as disk_rows
@@ -20,28 +25,14 @@ VOCAB, DIM = 300, 6
 
 
 def engine(directory=None, rows: int = 5) -> ec.EmbeddingEngine:
-    storage = None if directory is None else ec.DiskStorage(directory, cache_bytes(rows, DIM, OPT))
-    big = ec.TableConfig(VOCAB, DIM, name="big", storage=storage)
-    small = ec.TableConfig(7, 3, name="small")  # in memory beside it
-    features = {"b": ec.FeatureConfig(big), "s": ec.FeatureConfig(small)}
-    return ec.EmbeddingEngine(features, OPT, seed=3)
+    return big_small_engine(VOCAB, DIM, OPT, directory, rows)
 
 
 def batches(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    rng = np.random.default_rng(seed)
-    return [
-        {
-            "b": torch.from_numpy(rng.zipf(1.2, 16) % VOCAB),
-            "s": torch.from_numpy(rng.integers(0, 7, 16)),
-        }
-        for _ in range(n)
-    ]
+    return big_small_batches(n, VOCAB, seed)
 
 
-def train(e: ec.EmbeddingEngine, steps: list[dict[str, torch.Tensor]]) -> None:
-    for batch in steps:
-        acts = e(batch)
-        (acts["b"].pow(2).sum() + acts["s"].sum()).backward()
+train = train_big_small
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ def tiers(rows: int, cache_bytes: int) -> dict[str, int]:
     cached = values + 40
     capacity = max(1, min(rows, cache_bytes // cached))
     overhead = min(rows, BLOCK) * values + min(rows, BOX) * record + math.ceil(rows / BLOCK)
+    overhead += math.ceil(rows / 8)  # a bit per row: touched since the last checkpoint
     return {"ram": capacity * cached + overhead, "disk": rows * record}
 
 

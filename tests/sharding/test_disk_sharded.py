@@ -1,6 +1,7 @@
 """Tables in DiskStorage shard on 2 gloo ranks: each rank keeps its piece in its own
 directory, trains bit for bit as the in-memory sharded engine (caches of 1 row and of the
-whole piece), and checkpoints move between 2 ranks and 1 (N -> M)."""
+whole piece), and checkpoints move between 2 ranks and 1 (N -> M), a delta holding touched
+rows included."""
 
 from __future__ import annotations
 
@@ -103,6 +104,12 @@ def worker(rank: int, world: int, tmp: str, opt: str) -> dict[str, Any]:
     out["resumed"] = state(resumed)
     out["resumed_files"] = sorted(str(p.relative_to(tmp)) for p in Path(tmp).glob("rank*/*.rows"))
     resumed.close()
+    # a delta holding touched rows, written by one process, into both sharded engines
+    for name, directory in (("delta_memory", None), ("delta_disk", f"{tmp}/delta-disk")):
+        e = engine(world, directory, 2, opt=opt)
+        ec.checkpoint.load(e, f"{tmp}/delta")
+        out[name] = state(e)
+        e.close()
     return out
 
 
@@ -116,11 +123,17 @@ def test_disk_tables_shard_on_two_ranks_like_memory_and_move_between_2_and_1(tmp
     train(one, [0, 1], range(4))
     want = state(one)
     ec.checkpoint.save(one, tmp_path / "one")
+    saver = engine(None, str(tmp_path / "one-disk"), 3, opt=opt)  # touched rows in a delta
+    train(saver, [0, 1], range(2))
+    ec.checkpoint.save(saver, tmp_path / "base")
+    train(saver, [0, 1], range(2, 4))
+    ec.checkpoint.save(saver, tmp_path / "delta", base=tmp_path / "base")
+    assert set(ec.checkpoint.read_manifest(tmp_path / "delta")["touched"]) >= {"a.weight"}
     ranks = h.launch("test_disk_sharded:worker", 2, str(tmp_path), opt)
     for r in ranks:
         for key, value in want.items():
             assert torch.equal(r["memory"][key], value), key
-            for name in ("disk1", "disk11", "resumed", "auto"):
+            for name in ("disk1", "disk11", "resumed", "auto", "delta_memory", "delta_disk"):
                 assert torch.equal(r[name][key], value), (name, key)
     # each rank its own directory: a's two pieces, b on rank 1 only
     assert ranks[0]["files1"] == ["disk1/rank0/a.rows", "disk1/rank1/a.rows", "disk1/rank1/b.rows"]

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from embcore.checkpoint import _dynamic, _manifest
+from embcore.checkpoint import _dynamic, _manifest, _touched
 from embcore.checkpoint._chain import Link, compatible, link_to, resolve
 from embcore.checkpoint._dcp import read_arrays
 from embcore.checkpoint._digest import sha256_chunk
@@ -31,6 +30,7 @@ __all__ = [
     "SavePlan",
     "fit_problems",
     "load_states",
+    "manifest_sha256",
     "plan_save",
     "read",
     "remember",
@@ -43,12 +43,19 @@ _KNOWN: weakref.WeakKeyDictionary[Any, dict[str, Known]] = weakref.WeakKeyDictio
 _REMEMBERED = 2
 
 
+def manifest_sha256(path: str) -> str | None:
+    """The sha256 of the manifest of the checkpoint at ``path`` (``None``: unreadable)."""
+    try:
+        return hashlib.sha256(_manifest.read(path)[1]).hexdigest()
+    except (OSError, CheckpointError):
+        return None
+
+
 def remember(engine: Any, path: str, known: Known) -> None:
     """Keep ``known`` as the state of the checkpoint at ``path`` (just saved or loaded);
     if its manifest cannot be read back, nothing is kept (a later delta reads the disk)."""
-    try:
-        sha = hashlib.sha256(_manifest.read(path)[1]).hexdigest()
-    except (OSError, CheckpointError):
+    sha = manifest_sha256(path)
+    if sha is None:
         return
     entries = _KNOWN.setdefault(engine, {})
     entries.pop(sha, None)
@@ -78,11 +85,13 @@ def read(link: Link, keys: list[str]) -> dict[str, np.ndarray]:
 @dataclass
 class SavePlan:
     """What a save adds for dynamic tables and a base: tensors to write, manifest sections,
-    and the keys and digests saved (remembered once the checkpoint is published)."""
+    the keys and digests saved (remembered once the checkpoint is published), and the fixed
+    tensors written as their rows touched since the base (``{key: rows}``, not whole)."""
 
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, Any]
     sections: dict[str, Any]
     known: Known
+    touched: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _optimizers(view: EngineView, manifest: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -139,6 +148,7 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
     sections: dict[str, Any] = {}
     base_known: Known | None = None
     base_section = None
+    touched: dict[str, np.ndarray] = {}
     if base is not None:
         link, sections["base"] = link_to(path, base)
         try:
@@ -157,13 +167,16 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
             base_known = {
                 t: _dynamic.restore(t, chain, _read_checked, columns=False)[0] for t in base_section
             }
-    if not view.dynamic_tables():  # all written whole: the checkpoint needs no base to load
+        touched = _touched.plan(view, link)
+    if not view.dynamic_tables() and not touched:  # all whole: it loads without its base
         sections.pop("base", None)
     states = {name: view.dynamic_state(name) for name in view.dynamic_tables()}
     tensors, section, known = _dynamic.save_tensors(states, base_known, base_section)
     if section:
         sections["dynamic"] = section
-    return SavePlan(tensors, sections, known)
+    if touched:
+        sections["touched"] = _touched.section(view, touched)
+    return SavePlan(tensors | _touched.tensors(view, touched), sections, known, touched)
 
 
 def load_states(

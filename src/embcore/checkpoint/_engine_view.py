@@ -58,6 +58,12 @@ class StoredTensor:
             ranks cover the tensor once). May communicate: every rank calls it, in order.
         load_chunks: ``() -> [(offsets, tensor)]``, the boxes this rank fills on load.
         finish_load: ``(chunks) -> None``, moves filled boxes into place (may communicate).
+        touched_since, read_rows, checkpointed: given by a tensor that knows which rows were
+            written since a checkpoint (a fixed table in ``DiskStorage``), else ``None``:
+            ``touched_since(manifest sha256) -> (K,) int64`` ascending rows, or ``None`` when
+            the table is not known to have equalled that checkpoint; ``read_rows(ids) ->
+            (K, ...)`` their values; ``checkpointed(sha256 | None)``: the tensor now equals
+            that checkpoint (a save or load of it just finished).
     """
 
     key: str
@@ -66,6 +72,9 @@ class StoredTensor:
     save_chunks: Callable[[], Chunks]
     load_chunks: Callable[[], Chunks]
     finish_load: Callable[[Chunks], None]
+    touched_since: Callable[[str], np.ndarray | None] | None = None
+    read_rows: Callable[[np.ndarray], Tensor] | None = None
+    checkpointed: Callable[[str | None], None] | None = None
 
     @property
     def table(self) -> str:
@@ -165,6 +174,9 @@ class EngineView:
                 t.chunks,
                 t.load_chunks,
                 t.finish_load,
+                getattr(t, "touched_since", None),
+                getattr(t, "read_rows", None),
+                getattr(t, "checkpointed", None),
             )
             for t in self._engine.checkpoint_tensors()
             if table_of(t.key) not in dynamic

@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 
 from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
-from embcore.checkpoint import _delta, _manifest
+from embcore.checkpoint import _delta, _manifest, _touched
 from embcore.checkpoint._chain import Link, open_checkpoint, resolve
 from embcore.checkpoint._dcp import (
     Chunked,
@@ -151,6 +151,7 @@ def verify(path: str | os.PathLike[str]) -> Verified:
     if found:
         raise _corrupt_chain(chain, sorted(found), found)
     _delta.verify_chain(chain)
+    _touched.verify_chain(chain)
     return Verified(path, chain[-1].manifest, bases=len(chain) - 1)
 
 
@@ -175,7 +176,7 @@ def _fit_problems(
     changed: dict[str, tuple[str, str]],
 ) -> list[str]:
     """Why the checkpoint cannot fill these tensors, one entry per table (empty: it can)."""
-    stored = manifest["tensors"]
+    stored = _touched.stored(manifest)
     written = {t["name"] for t in manifest["tables"]}
     missing: dict[str, list[str]] = {}
     problems: list[str] = []
@@ -279,8 +280,9 @@ def load(
 
     verify_shared(comm, chain, what)
 
-    # The dynamic tables are read and replayed into fresh memory before anything changes.
-    error, states, known = None, {}, {}
+    # The dynamic tables, and the rows deltas touched in fixed tables, are read (and the
+    # dynamic tables replayed) into fresh memory before anything changes.
+    error, states, known, sources, patches = None, {}, {}, {}, {}
     try:
         states, known = _delta.load_states(view, chain)
         bad = [p for table, state in states.items() for p in view.dynamic_problems(table, state)]
@@ -289,21 +291,33 @@ def load(
                 f"{what}: {path} holds a dynamic table no engine could have saved, nothing "
                 f"was loaded: {'; '.join(bad)}"
             )
+        sources, patches = _touched.patches(chain, [t.key for t in tensors])
     except (OSError, ValueError) as e:
         error = e
     comm.agree(what, error)
 
-    last = chain[-1]
-    reader = VerifiedReader(path, last.metadata)
     args = dcp_args(comm)
     staged = [(t, t.load_chunks()) for t in tensors]
-    state = {t.key: _value(t.shape, chunks) for t, chunks in staged}
+    later = [
+        f
+        for t, chunks in staged
+        if t.key in patches
+        for f in _touched.patch_chunks(chunks, patches[t.key])
+    ]
     with torch.no_grad(), no_dist_ok(args), dcp_errors(comm, "load", path):
-        dcp.load(state, storage_reader=reader, planner=LoadPlanner(), **args)
+        for i in sorted(set(sources.values())):  # each tensor from the latest holding it whole
+            link = chain[i]
+            state = {t.key: _value(t.shape, c) for t, c in staged if sources[t.key] == i}
+            reader = VerifiedReader(link.path, link.metadata)
+            dcp.load(state, storage_reader=reader, planner=LoadPlanner(), **args)
+        for patch in later:
+            patch()
         for t, chunks in staged:
             t.finish_load(chunks)
         for table, table_state in states.items():
             view.load_dynamic_state(table, table_state)
     view.finish_load([t.key for t in tensors])
+    partial = {t.table for t in view.tensors()} - {t.table for t in tensors}  # slots left
+    _touched.checkpointed([t for t in tensors if t.table not in partial], chain[-1].sha256)
     if known:
         _delta.remember(engine, path, known)

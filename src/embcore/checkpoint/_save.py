@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from embcore import _atomic
 from embcore._comm import Comm
 from embcore._fingerprint import fingerprint64
-from embcore.checkpoint import _delta, _manifest
+from embcore.checkpoint import _delta, _manifest, _touched
 from embcore.checkpoint._base_check import check_base
 from embcore.checkpoint._dcp import Chunked, SavePlanner, dcp_args, dcp_errors, no_dist_ok
 from embcore.checkpoint._digest import digest_from_ints, digest_to_ints, sha256_chunk
@@ -114,10 +114,12 @@ def save(
         path: the new checkpoint directory.
         base: an earlier checkpoint in the same directory as ``path``: write a *delta*, whose
             dynamic tables hold only the rows inserted or changed since ``base`` and the keys
-            removed since (fixed tables and the step are written whole). Loading the delta
-            reads ``base`` (and its own base, if it is a delta too), so before writing the
-            ranks check that they were given the same base and that its whole chain is on
-            disk and verifies (every chunk's sha256, shared among the ranks).
+            removed since, and whose fixed tables in ``DiskStorage`` hold only the rows
+            written since ``base`` when this engine saved or loaded ``base`` itself (other
+            fixed tables, those of a sharded engine, and the step are written whole). Loading
+            the delta reads ``base`` (and its own base, if it is a delta too), so before
+            writing the ranks check that they were given the same base and that its whole
+            chain is on disk and verifies (every chunk's sha256, shared among the ranks).
 
     Raises:
         FileExistsError: ``path`` holds something already (checkpoints are not overwritten),
@@ -155,11 +157,13 @@ def save(
         tmp.release()
     if plan.known:
         _delta.remember(engine, path, plan.known)
+    _touched.checkpointed(view.tensors(), _delta.manifest_sha256(path))
 
 
 def _write(view: EngineView, comm: Comm, path: str, tmp_path: str, plan: _delta.SavePlan) -> None:
     what = "embcore.checkpoint.save"
-    state = {t.key: _value(t) for t in view.tensors()} | plan.tensors
+    state = {t.key: _value(t) for t in view.tensors() if t.key not in plan.touched}
+    state |= plan.tensors
     args = dcp_args(comm)
     with _atomic.writing(path), no_dist_ok(args), dcp_errors(comm, "save", path):
         metadata = dcp.save(

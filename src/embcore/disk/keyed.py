@@ -50,6 +50,7 @@ class KeyedDiskTable(DiskTable):
     ) -> None:
         super().__init__(table, storage, seed, cache_bytes, rows=_MIN_ROWS)
         self._made = np.ones(-(-self.rows // self._block), np.bool_)  # no initializer blocks
+        self.touched = None  # a dynamic table's delta compares its records by key
         self._born_ids = np.zeros(0, np.int64)
         self._born = self._empty(0)
 

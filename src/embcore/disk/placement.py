@@ -58,11 +58,12 @@ def record_bytes(table: ResolvedTable) -> int:
 def fixed_overhead(table: ResolvedTable, rows: int) -> int:
     """RAM a disk table holds besides its cache: one initializer block's values while it is
     drawn (:data:`~embcore.initializers.BLOCK_ROWS` rows), the records of one box being
-    written (8,192), and one flag per block."""
+    written (8,192), one flag per block, and one bit per row (the rows touched since the last
+    checkpoint, for deltas)."""
     values = sum(4 * (s[0] if s else 1) for s in row_shapes(table).values())
     blocks = -(-rows // BLOCK_ROWS)
     box = min(rows, disk_table._CHUNK) * record_bytes(table)  # read now: tests may shrink it
-    return min(rows, BLOCK_ROWS) * values + box + blocks
+    return min(rows, BLOCK_ROWS) * values + box + blocks + -(-rows // 8)
 
 
 def planned_memory(table: ResolvedTable, rows: int) -> dict[str, int]:

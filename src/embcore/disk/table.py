@@ -35,6 +35,7 @@ from embcore.config import ResolvedTable
 from embcore.disk._cache import RowCache
 from embcore.disk._checksum import damaged, seal
 from embcore.disk._file import RECORD_MAGIC, DiskTableError, RecordLayout, RowFile, aligned
+from embcore.disk._touched import TouchedRows
 from embcore.initializers import BLOCK_ROWS, initial_rows, slot_values
 from embcore.storage import DiskStorage, cached_row_bytes
 
@@ -117,6 +118,8 @@ class DiskTable:
         )
         self._block = _MAKE_ROWS
         self._made = np.zeros(-(-self.rows // self._block), np.bool_)  # blocks written once
+        #: rows written since a checkpoint, for deltas (``None``: a dynamic table's, by key)
+        self.touched: TouchedRows | None = TouchedRows(self.rows)
         self._user_rows: Tensor | None = None
         self.io = {"rows_read": 0, "rows_written": 0, "prefetched_rows": 0, "prefetch_used": 0}
         self.io["deferred_write_backs"] = 0
@@ -145,6 +148,8 @@ class DiskTable:
             slots[np.searchsorted(ids, missing)] = new
         if changed:
             self.cache.changed[slots] = True
+            if self.touched is not None:
+                self.touched.mark(ids)
         return slots
 
     def end_step(self) -> None:
@@ -368,6 +373,8 @@ class DiskTable:
                 self._make_block(block)  # the rest of the block holds its initial rows
         self.write_rows(start, values)
         self._made[blocks] = True
+        if self.touched is not None:
+            self.touched.mark_range(start, stop)
         slots = self.cache.lookup(ids)
         held = slots[slots >= 0]
         self.cache.changed[held] = False

@@ -5,7 +5,8 @@ The layer under the table stores (docs/architecture.md)::
     engine -> store (local, sharded) -> row storage (one per table or piece) -> ops kernels
 
 * :mod:`._contract`: :class:`RowStore`, what every kind provides; :class:`RowEnv`;
-  :class:`StoredTensor` and :data:`Chunks` (checkpoint records);
+  :class:`StoredTensor` and :data:`Chunks` (checkpoint records), :class:`TouchedRows` (what a
+  tensor offers so that a delta holds only its rows written since the base);
 * :mod:`._registry`: :data:`ROWS`, :func:`register`, :func:`kind_of` (the one place a
   table's kind is chosen from its config), :func:`make_rows`;
 * :mod:`.dense`: rows in one dense tensor (a whole table, or a shard's piece);
@@ -23,6 +24,7 @@ from embcore.rows._contract import (
     RowEnv,
     RowStore,
     StoredTensor,
+    TouchedRows,
     stored_names,
 )
 from embcore.rows._registry import (
@@ -43,6 +45,7 @@ __all__ = [
     "RowEnv",
     "RowStore",
     "StoredTensor",
+    "TouchedRows",
     "close_rows",
     "kind_of",
     "make_rows",

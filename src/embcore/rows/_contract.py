@@ -29,6 +29,7 @@ __all__ = [
     "RowEnv",
     "RowStore",
     "StoredTensor",
+    "TouchedRows",
     "stored_names",
     "whole_tensor_error",
 ]
@@ -96,6 +97,26 @@ class StoredTensor(Protocol):
 
     def finish_load(self, chunks: Chunks) -> None:
         """Move the boxes :meth:`load_chunks` returned, now filled, into place."""
+        ...
+
+
+class TouchedRows(Protocol):
+    """What a :class:`StoredTensor` may also offer so that a delta checkpoint holds only
+    the rows written since its base (a fixed table in ``DiskStorage`` does): without it, a
+    delta writes the tensor whole."""
+
+    def touched_since(self, checkpoint: str) -> np.ndarray | None:
+        """``(K,) int64`` ascending: the rows written since the checkpoint whose manifest's
+        sha256 is ``checkpoint``; ``None`` when the tensor is not known to have equalled it."""
+        ...
+
+    def read_rows(self, ids: np.ndarray) -> Tensor:
+        """``(K, ...)``: the current values of rows ``ids``."""
+        ...
+
+    def checkpointed(self, checkpoint: str | None) -> None:
+        """A save or load of the checkpoint ``checkpoint`` (its manifest's sha256) just
+        finished: the tensor equals it (``None``: no checkpoint is known to equal it)."""
         ...
 
 

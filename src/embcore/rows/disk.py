@@ -210,6 +210,18 @@ class DiskTensor:
     def finish_load(self, chunks: Chunks) -> None:
         """Nothing to move: each box was written to the table when it was filled."""
 
+    # the rows a delta checkpoint holds (:class:`embcore.rows.TouchedRows`)
+    def touched_since(self, checkpoint: str) -> np.ndarray | None:
+        touched = self._disk.touched
+        return touched.ids() if touched is not None and touched.since == checkpoint else None
+
+    def read_rows(self, ids: np.ndarray) -> Tensor:
+        return self._disk.peek(ids)[self._name]
+
+    def checkpointed(self, checkpoint: str | None) -> None:
+        if self._disk.touched is not None:
+            self._disk.touched.reset(checkpoint)
+
 
 def disk_counters(disk: DiskTable, steps: int) -> dict[str, int]:
     """A disk table's counts for the lookup statistics: ``steps`` ended, cache ``hits`` and
