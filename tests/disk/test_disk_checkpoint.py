@@ -127,3 +127,27 @@ def test_a_lookup_only_engine_serves_a_disk_table_from_a_checkpoint(tmp_path) ->
         want, got = trainer(probe), server(probe)
     assert torch.equal(got["b"], want["b"]) and torch.equal(got["s"], want["s"])
     assert server.table_info("big")["cache_capacity"] == 4
+
+
+def test_a_save_of_a_fresh_table_draws_each_initializer_block_once(tmp_path, monkeypatch):
+    """Rows never touched are drawn from the initializer when saved: each box of a block
+    reuses the block drawn for the one before (drawing part of a block draws all of it), and
+    the values stay the in-memory table's through saves and training after them."""
+    from embcore.initializers import BLOCK_ROWS
+
+    calls = []
+    real = disk_rows.initial_rows
+    monkeypatch.setattr(disk_rows, "initial_rows", lambda *a, **k: calls.append(a) or real(*a, **k))
+    memory, disk = engine(), engine(tmp_path / "d")
+    ec.checkpoint.save(disk, tmp_path / "fresh")
+    assert len(calls) == -(-VOCAB // BLOCK_ROWS)  # 5 boxes of 64 rows, 2 tensors: 1 draw
+    steps = batches(6, seed=3)
+    for e in (memory, disk):
+        train(e, steps[:3])
+    ec.checkpoint.save(disk, tmp_path / "trained")  # cached rows copied over drawn ones
+    for e in (memory, disk):
+        train(e, steps[3:])  # blocks written for the first time after the save
+    assert_same_tables(memory, disk)
+    restored = engine()
+    ec.checkpoint.load(restored, tmp_path / "fresh")
+    assert_same_tables(engine(), restored)

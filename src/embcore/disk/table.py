@@ -121,6 +121,7 @@ class DiskTable:
         #: rows written since a checkpoint, for deltas (``None``: a dynamic table's, by key)
         self.touched: TouchedRows | None = TouchedRows(self.rows)
         self._user_rows: Tensor | None = None
+        self._drawn: tuple[int, Tensor] | None = None  # the last initializer block drawn
         self.io = {"rows_read": 0, "rows_written": 0, "prefetched_rows": 0, "prefetch_used": 0}
         self.io["deferred_write_backs"] = 0
         self._lock = threading.RLock()  # guards the index against the prefetch thread
@@ -214,7 +215,7 @@ class DiskTable:
         cfg, vocab = self.table.config, int(self.table.vocabulary_size)
         a, b = self.first + start, self.first + stop  # the rows of the whole table
         if cfg.initializer is None:
-            weight = initial_rows(self.table.name, vocab, cfg.dim, None, self.seed, a, b)
+            weight = self._default_rows(a, b)
         else:  # a user initializer draws the whole table at once: keep it until all is written
             if self._user_rows is None:
                 self._user_rows = initial_rows(
@@ -222,6 +223,18 @@ class DiskTable:
                 )
             weight = self._user_rows[a:b]
         return {"weight": weight, **slot_values(self.table.optimizer, stop - start, cfg.dim)}
+
+    def _default_rows(self, a: int, b: int) -> Tensor:
+        """Rows ``[a, b)`` of the whole table from the default initializer. Drawing part of
+        an initializer block draws all of it, so the last block drawn is kept: the boxes of
+        a save or load that fall in one block draw it once."""
+        t, vocab, lo = self.table, int(self.table.vocabulary_size), a - a % BLOCK_ROWS
+        if b > lo + BLOCK_ROWS:
+            return initial_rows(t.name, vocab, t.dim, None, self.seed, a, b)
+        if self._drawn is None or self._drawn[0] != lo:
+            hi = min(lo + BLOCK_ROWS, vocab)
+            self._drawn = (lo, initial_rows(t.name, vocab, t.dim, None, self.seed, lo, hi))
+        return self._drawn[1][a - lo : b - lo].clone()
 
     def _make_block(self, block: int) -> None:
         """Draw block ``block``'s initial rows and write them (records, not the cache)."""
