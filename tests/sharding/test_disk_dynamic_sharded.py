@@ -38,13 +38,17 @@ def engine(
     directory: str | None = None,
     cache_rows: int = 1,
     pipelined: bool = False,
+    planned: bool = False,
 ) -> ec.EmbeddingEngine:
     """The harness's scenario with ``opt``: dynamic table ``user`` in memory
     (``directory=None``) or in DiskStorage caching ``cache_rows`` rows; sharded over
-    ``world`` ranks or one process (``None``); ``pipelined``: ``pipeline=True``, no eviction."""
-    storage = None
+    ``world`` ranks or one process (``None``); ``pipelined``: ``pipeline=True``, no eviction;
+    ``planned``: the planner's plan, DiskStorage the engine's default (both tables on disk)."""
+    storage = default = None
     if directory is not None:
         storage = ec.DiskStorage(directory, cache_rows * cached_row_bytes(DIM, OPTIMIZERS[opt][1]))
+    if planned:
+        storage, default = None, storage
     eviction = None if pipelined else ec.Eviction(steps_to_live=2, max_rows=d.MAX_ROWS)
     user = ec.TableConfig(
         vocabulary_size=None, dim=DIM, name="user", combiner="mean",
@@ -56,10 +60,11 @@ def engine(
         "u2": ec.FeatureConfig(table=user),
         "f": ec.FeatureConfig(table=fixed),
     }
-    plan = None if world is None else d.plan(world)
+    plan = None if world is None or planned else d.plan(world)
     return ec.EmbeddingEngine(
-        features, OPTIMIZERS[opt][0](), backend="reference", pipeline=pipelined, plan=plan
-    )
+        features, OPTIMIZERS[opt][0](), backend="reference", pipeline=pipelined, plan=plan,
+        storage=default,
+    )  # fmt: skip
 
 
 def files(tmp: str, under: str) -> list[str]:
@@ -88,6 +93,14 @@ def worker(rank: int, world: int, tmp: str, opt: str) -> dict[str, Any]:
     e.close()
     e = engine(world, opt, f"{tmp}/pipelined", 1, pipelined=True)
     out["pipelined"] = d.train(e, [rank], range(d.STEPS))
+    e.close()
+    e = engine(world, opt, f"{tmp}/reused", 1, pipelined=True)
+    out["reused"] = d.reused(e, [rank])
+    e.close()
+    e = engine(world, opt, f"{tmp}/auto", 2, planned=True)
+    out["auto"] = d.train(e, [rank], range(d.STEPS))
+    out["auto_plan"] = {n: s.describe() for n, s in e.plan.tables.items()}
+    out["auto_files"] = files(tmp, "auto/*")
     e.close()
     return out
 
@@ -131,6 +144,7 @@ def test_disk_key_shards_train_like_memory_and_move_between_2_ranks_and_1(tmp_pa
     then = d.train(fresh, ranks, range(d.STEPS, d.STEPS + 2))
     interleaved = d.interleaved(engine(None, opt), ranks)
     pipelined = d.train(engine(None, opt, pipelined=True), ranks, range(d.STEPS))
+    reused = d.reused(engine(None, opt, pipelined=True), ranks)
     # the scenario admits, expires and evicts beyond max_rows (rows are freed and reused)
     assert want[-1]["info"]["dropped_gradients"] > 0
     assert any(s["keys"].numel() == d.MAX_ROWS for s in want)
@@ -138,12 +152,23 @@ def test_disk_key_shards_train_like_memory_and_move_between_2_ranks_and_1(tmp_pa
 
     got = h.launch("test_disk_dynamic_sharded:worker", WORLD, str(tmp_path), opt)
     for rank, r in enumerate(got):
-        for name in ("memory", "disk1", f"disk{WHOLE}"):
+        for name in ("memory", "disk1", f"disk{WHOLE}", "auto"):
             assert_same_steps(r[name], want, rank, name)
         assert_same_steps(r["resumed"], then, rank, "resumed")  # 1 process -> 2 ranks
         assert_same_steps(r["pipelined"], pipelined, rank, "pipelined")
         # two lookups before their updates ("eval": the second lookup's activations)
         assert_same_steps(r["interleaved"], interleaved, rank, "interleaved")
+        # three lookups of one prepared batch, each before the previous step's update
+        for g, w in zip(r["reused"]["acts"], reused["acts"], strict=True):  # one per lookup
+            for name, value in w.items():
+                assert torch.equal(g[name], own_rows(value, rank)), (rank, name)
+        rest = [{**x, "acts": {}, "eval": {}} for x in (r["reused"], reused)]
+        assert_same_steps(rest[:1], rest[1:], rank, "reused")  # keys, info, rows, state
+    assert reused["info"]["dropped_gradients"] > 0  # pending in one lookup, admitted next
+    assert got[0]["auto_plan"]["user"] == "key_hash on 0,1"
+    auto = got[0]["auto_files"]  # the fixed table too, on the rank(s) the planner chose
+    assert {"auto/rank0/user.rows", "auto/rank1/user.rows"} <= set(auto)
+    assert all(f.split("/")[1] in ("rank0", "rank1") for f in auto), auto
     info = got[0]["disk1"][-1]["info"]  # both shards' counters, summed
     assert info["misses"] > 0 and info["rows_written"] > 0 and info["cache_capacity"] == 2
     # each rank its own directory: DiskStorage.directory / rank<r>, or {rank} in the path
