@@ -38,8 +38,8 @@ from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.disk._file import DiskTableError
 from embcore.disk.keyed import SINK, KeyedDiskTable
-from embcore.disk.placement import rank_storage
-from embcore.disk.table import _CHUNK, row_shapes
+from embcore.disk.placement import rank_storage, record_bytes
+from embcore.disk.table import _CHUNK, row_bytes, row_shapes
 from embcore.dynamic import state_check
 from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
@@ -114,6 +114,15 @@ class DiskKeyedRows(KeyShard, nn.Module):
         self._broken: str | None = None  # why the table refuses steps until a load
         self.steps = 0  #: training steps ended (the lookup statistics' denominator)
         self.closed = False
+
+    @classmethod
+    def planned_memory(cls, table: ResolvedTable, rows: int, cols: int) -> dict[str, int]:
+        """:meth:`memory` of a table or key shard holding ``rows`` rows, before it is built,
+        without its key index (the planner counts it per key): the cache at its capacity in
+        RAM, a record per row on disk once every row was written."""
+        size = row_bytes(table)
+        capacity = max(1, table.storage.cache_bytes // size)
+        return {"ram": capacity * size, "disk": rows * record_bytes(table)}
 
     @property
     def flush_before_training_lookup(self) -> bool:

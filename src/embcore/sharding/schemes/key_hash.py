@@ -114,13 +114,13 @@ class KeyHash(KeyViews, Scheme):
         """Traffic of a training step, an equal share per shard: each unique key and its
         occurrence count out, its row and row number back; each occurrence's key, looked-up
         row and contribution in the backward. Memory: each shard's share of the expected rows
-        (``t.vocab``), with the index and row metadata."""
+        (``t.vocab``), with the index and row metadata (``t.index_bytes`` a row)."""
         cost = Cost.zeros(world)
         mem, sent, recv = cost
         n = len(shard.ranks)
         rows = t.vocab / n
         for owner in shard.ranks:
-            mem[owner] += t.bytes(1, t.dim) * rows + INDEX_BYTES_PER_KEY * rows
+            mem[owner] += t.bytes(rows, t.dim)
             for r in range(world):
                 if r == owner:
                     continue
