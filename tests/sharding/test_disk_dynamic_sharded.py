@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import embcore as ec
+from embcore.cli.stats import load_directory
 from embcore.storage import cached_row_bytes
 
 pytestmark = pytest.mark.multiprocess
@@ -39,11 +40,14 @@ def engine(
     cache_rows: int = 1,
     pipelined: bool = False,
     planned: bool = False,
+    initializer: bool = False,
+    **options: Any,
 ) -> ec.EmbeddingEngine:
     """The harness's scenario with ``opt``: dynamic table ``user`` in memory
     (``directory=None``) or in DiskStorage caching ``cache_rows`` rows; sharded over
     ``world`` ranks or one process (``None``); ``pipelined``: ``pipeline=True``, no eviction;
-    ``planned``: the planner's plan, DiskStorage the engine's default (both tables on disk)."""
+    ``planned``: the planner's plan, DiskStorage the engine's default (both tables on disk);
+    ``initializer``: a user initializer (called with every shard's new keys at once)."""
     storage = default = None
     if directory is not None:
         storage = ec.DiskStorage(directory, cache_rows * cached_row_bytes(DIM, OPTIMIZERS[opt][1]))
@@ -53,6 +57,7 @@ def engine(
     user = ec.TableConfig(
         vocabulary_size=None, dim=DIM, name="user", combiner="mean",
         admission=ec.CountAdmission(min_count=2), eviction=eviction, storage=storage,
+        initializer=counting if initializer else None,
     )  # fmt: skip
     fixed = ec.TableConfig(vocabulary_size=5, dim=3, name="fixed", combiner="sum")
     features = {
@@ -63,8 +68,13 @@ def engine(
     plan = None if world is None or planned else d.plan(world)
     return ec.EmbeddingEngine(
         features, OPTIMIZERS[opt][0](), backend="reference", pipeline=pipelined, plan=plan,
-        storage=default,
+        storage=default, **options,
     )  # fmt: skip
+
+
+def counting(shape: tuple[int, int]) -> torch.Tensor:
+    """A user initializer whose rows depend on their place among the lookup's new keys."""
+    return torch.arange(shape[0] * shape[1], dtype=torch.float32).reshape(shape) / 16
 
 
 def files(tmp: str, under: str) -> list[str]:
@@ -77,12 +87,18 @@ def worker(rank: int, world: int, tmp: str, opt: str) -> dict[str, Any]:
     their updates and pipelined training, on a 1-row cache."""
     out: dict[str, Any] = {"memory": d.train(engine(world, opt), [rank], range(d.STEPS))}
     for rows in (1, WHOLE):
-        e = engine(world, opt, f"{tmp}/disk{rows}", rows)
+        stats = {"profile_data_directory": f"{tmp}/stats"} if rows == 1 else {}
+        e = engine(world, opt, f"{tmp}/disk{rows}", rows, **stats)
         out[f"disk{rows}"] = d.train(e, [rank], range(d.STEPS))
         out[f"files{rows}"] = files(tmp, f"disk{rows}/*")
         if rows == 1:
             ec.checkpoint.save(e, f"{tmp}/two")
+            out["info"] = e.table_info("user")
+            e.write_statistics()
         e.close()
+    e = engine(world, opt, f"{tmp}/initialized", 1, initializer=True)
+    out["initialized"] = d.train(e, [rank], range(d.STEPS))
+    e.close()
     resumed = engine(world, opt, f"{tmp}/rank{{rank}}-resumed", 1)
     ec.checkpoint.load(resumed, f"{tmp}/one")
     out["resumed"] = d.train(resumed, [rank], range(d.STEPS, d.STEPS + 2))
@@ -145,6 +161,7 @@ def test_disk_key_shards_train_like_memory_and_move_between_2_ranks_and_1(tmp_pa
     interleaved = d.interleaved(engine(None, opt), ranks)
     pipelined = d.train(engine(None, opt, pipelined=True), ranks, range(d.STEPS))
     reused = d.reused(engine(None, opt, pipelined=True), ranks)
+    initialized = d.train(engine(None, opt, initializer=True), ranks, range(d.STEPS))
     # the scenario admits, expires and evicts beyond max_rows (rows are freed and reused)
     assert want[-1]["info"]["dropped_gradients"] > 0
     assert any(s["keys"].numel() == d.MAX_ROWS for s in want)
@@ -156,6 +173,7 @@ def test_disk_key_shards_train_like_memory_and_move_between_2_ranks_and_1(tmp_pa
             assert_same_steps(r[name], want, rank, name)
         assert_same_steps(r["resumed"], then, rank, "resumed")  # 1 process -> 2 ranks
         assert_same_steps(r["pipelined"], pipelined, rank, "pipelined")
+        assert_same_steps(r["initialized"], initialized, rank, "initialized")
         # two lookups before their updates ("eval": the second lookup's activations)
         assert_same_steps(r["interleaved"], interleaved, rank, "interleaved")
         # three lookups of one prepared batch, each before the previous step's update
@@ -169,8 +187,13 @@ def test_disk_key_shards_train_like_memory_and_move_between_2_ranks_and_1(tmp_pa
     auto = got[0]["auto_files"]  # the fixed table too, on the rank(s) the planner chose
     assert {"auto/rank0/user.rows", "auto/rank1/user.rows"} <= set(auto)
     assert all(f.split("/")[1] in ("rank0", "rank1") for f in auto), auto
-    info = got[0]["disk1"][-1]["info"]  # both shards' counters, summed
+    info = got[0]["info"]  # both shards' counters, summed
     assert info["misses"] > 0 and info["rows_written"] > 0 and info["cache_capacity"] == 2
+    # the statistics: both ranks' counters, over the engine's steps (not those of each rank)
+    found = {s.table: s for _, s in load_directory(tmp_path / "stats")}
+    counted = {k: info[k] for k in ("hits", "misses", "rows_read", "rows_written")}
+    assert {k: found["user"].cache[k] for k in counted} == counted
+    assert found["user"].cache["steps"] == d.STEPS
     # each rank its own directory: DiskStorage.directory / rank<r>, or {rank} in the path
     assert got[0]["files1"] == ["disk1/rank0/user.rows", "disk1/rank1/user.rows"]
     assert got[0]["resumed_files"] == ["rank0-resumed/user.rows", "rank1-resumed/user.rows"]
