@@ -295,8 +295,9 @@ class DiskKeyedRows(KeyShard, nn.Module):
     _device = torch.device("cpu")  #: where a key shard's row numbers go
 
     def train_keys(self, keys: Tensor, mult: Tensor, defer: bool = False) -> Tensor:
-        """:meth:`KeyShard.train_keys`: the new keys' rows are born in the cache by
-        :meth:`read_rows`, which the owner calls next."""
+        """:meth:`KeyShard.train_keys`; the new keys' initial rows are held aside until
+        :meth:`read_rows`, which the owner calls next, caches them (a read that fails then
+        leaves the table refusing steps, as a failing training lookup does)."""
         self._check_usable()
         rows = super().train_keys(keys, mult, defer)
         self._counted = True
