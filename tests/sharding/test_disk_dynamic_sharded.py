@@ -95,6 +95,8 @@ def worker(rank: int, world: int, tmp: str, opt: str) -> dict[str, Any]:
             ec.checkpoint.save(e, f"{tmp}/two")
             out["info"] = e.table_info("user")
             e.write_statistics()
+            d.train(e, [rank], range(d.STEPS, d.STEPS + 2))
+            ec.checkpoint.save(e, f"{tmp}/two-delta", base=f"{tmp}/two")  # keys changed since
         e.close()
     e = engine(world, opt, f"{tmp}/initialized", 1, initializer=True)
     out["initialized"] = d.train(e, [rank], range(d.STEPS))
@@ -204,3 +206,9 @@ def test_disk_key_shards_train_like_memory_and_move_between_2_ranks_and_1(tmp_pa
     for k, v in want[-1]["state"].items():
         assert torch.equal(torch.as_tensor(state[k]), v), k
     assert_same_steps(d.train(back, ranks, range(d.STEPS, d.STEPS + 2)), then, None, "back")
+    delta = engine(None, opt, str(tmp_path / "delta"), 1)  # the 2 ranks' delta, 2 steps on
+    ec.checkpoint.load(delta, tmp_path / "two-delta")
+    assert ec.checkpoint.read_manifest(tmp_path / "two-delta")["base"]
+    state = delta.state_dict()
+    for k, v in then[-1]["state"].items():
+        assert torch.equal(torch.as_tensor(state[k]), v), k
