@@ -1,11 +1,14 @@
-"""The owner's side of a key-hash sharded table: one key shard of :class:`KeyedRows`.
+"""The owner's side of a key-hash sharded table: one key shard of :class:`KeyedRows` (or of
+:class:`~embcore.rows.disk_keyed.DiskKeyedRows`, a dynamic table on disk).
 
 ``embcore.sharding.schemes.key_hash`` routes each key to the shard its hash picks; the owner
 looks up every rank's keys at once (``train_keys`` with each key's occurrence count, or ``find``),
-reads rows by key-space row (``read_rows``: ``-1`` is a key without a row), and at the end of
-a step evicts its part of the table's ``max_rows`` (``survivors``, ``candidates``, then
-``KeyedRows.end_step(evict)``). Key-space row ``r`` is row ``r + 1`` of the tensors (row 0 is
-the sink). See docs/sharding.md ("Dynamic tables").
+reads rows by key-space row (``read_rows``: ``-1`` is a key without a row), updates the rows
+``slots_of`` gives (one call for every row of an update), and at the end of a step evicts its
+part of the table's ``max_rows`` (``survivors``, ``candidates``, then ``end_step(evict)``).
+In memory key-space row ``r`` is row ``r + 1`` of the tensors (row 0 is the sink); on disk
+``read_rows`` and ``slots_of`` go through the row cache. See docs/sharding.md ("Dynamic
+tables").
 """
 
 from __future__ import annotations
