@@ -200,8 +200,8 @@ def test_refuses_what_the_disk_cannot_hold(tmp_path) -> None:
         ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, opt)
     emb = ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, ec.SGD(learning_rate=0.1))
     resolved, env = emb.store.rows[0].table, RowEnv(0, torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"table 't': .* held by one process .*part=\['shard'\]"):
-        DiskKeyedRows(resolved, env, shard=True)  # a key shard of a sharded engine
+    with pytest.raises(ValueError, match=r"table 't': .* by key shard .*part=\['piece'\]"):
+        DiskKeyedRows(resolved, env, piece=None)  # a dense piece of a sharded engine
 
 
 def test_key_index_is_counted_beside_the_cache(tmp_path) -> None:

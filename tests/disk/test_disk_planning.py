@@ -129,3 +129,25 @@ def test_the_planner_counts_what_a_built_table_in_memory_holds():
         engine = ec.EmbeddingEngine({"f": ec.FeatureConfig(table=table)}, opt)
         [resolved] = engine.tables
         assert engine.store.rows[0].memory() == planned_memory(resolved, 300, 24)
+
+
+def test_a_dynamic_table_on_disk_is_planned_by_key_hash_per_tier():
+    """Each key shard: its cache at capacity and its share of the key index in RAM, a record
+    per expected row (``max_rows`` over the shards) on disk."""
+    from embcore.sharding.schemes.key_hash import INDEX_BYTES_PER_KEY
+
+    opt = ec.RowwiseAdagrad(learning_rate=0.1)
+    storage = ec.DiskStorage("unused", cache_bytes=3_000_000)
+    table = ec.TableConfig(
+        None, DIM, name="d", eviction=ec.Eviction(max_rows=VOCAB), storage=storage
+    )
+    fc = {"f": ec.FeatureConfig(table=table)}
+    placed = plan(fc, 2, optimizer=opt)
+    assert placed["d"].scheme == "key_hash"
+    ranks, tables = estimate(placed, fc, optimizer=opt)
+    values = 4 * (DIM + 1)  # a key's row is never counted in RAM beyond the cache
+    cache = (3_000_000 // (values + 40)) * (values + 40)
+    shard = {"ram": cache + INDEX_BYTES_PER_KEY * VOCAB // 2, "disk": VOCAB // 2 * 512}
+    assert [r.tiers for r in ranks] == [shard, shard]
+    assert [r.memory_bytes for r in ranks] == [shard["ram"]] * 2
+    assert tables[0].tiers == {k: 2 * v for k, v in shard.items()}

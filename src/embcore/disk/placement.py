@@ -25,7 +25,14 @@ from embcore.disk.table import row_bytes, row_shapes
 from embcore.initializers import BLOCK_ROWS
 from embcore.storage import DiskStorage
 
-__all__ = ["PLACEMENTS", "fixed_overhead", "piece_fits", "planned_memory", "rank_storage"]
+__all__ = [
+    "PLACEMENTS",
+    "fixed_overhead",
+    "piece_fits",
+    "planned_memory",
+    "rank_storage",
+    "record_bytes",
+]
 
 #: the placements of a sharding plan a disk table takes, as the planner's overrides name them
 PLACEMENTS = ("table_wise", "row_wise:div")

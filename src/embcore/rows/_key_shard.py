@@ -1,15 +1,19 @@
-"""The owner's side of a key-hash sharded table: one key shard of :class:`KeyedRows`.
+"""The owner's side of a key-hash sharded table: one key shard of :class:`KeyedRows` (or of
+:class:`~embcore.rows.disk_keyed.DiskKeyedRows`, a dynamic table on disk).
 
 ``embcore.sharding.schemes.key_hash`` routes each key to the shard its hash picks; the owner
 looks up every rank's keys at once (``train_keys`` with each key's occurrence count, or ``find``),
-reads rows by key-space row (``read_rows``: ``-1`` is a key without a row), and at the end of
-a step evicts its part of the table's ``max_rows`` (``survivors``, ``candidates``, then
-``KeyedRows.end_step(evict)``). Key-space row ``r`` is row ``r + 1`` of the tensors (row 0 is
-the sink). See docs/sharding.md ("Dynamic tables").
+reads rows by key-space row (``read_rows``: ``-1`` is a key without a row), updates the rows
+``slots_of`` gives (one call for every row of an update), and at the end of a step evicts its
+part of the table's ``max_rows`` (``survivors``, ``candidates``, then ``end_step(evict)``).
+In memory key-space row ``r`` is row ``r + 1`` of the tensors (row 0 is the sink); on disk
+``read_rows`` and ``slots_of`` go through the row cache. See docs/sharding.md ("Dynamic
+tables").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,21 +23,27 @@ from torch import Tensor
 from embcore.dynamic.policy import expired
 
 if TYPE_CHECKING:
-    from embcore.dynamic.keyspace import KeySpace
+    from embcore.dynamic.keyspace import Evicted, KeySpace
+    from embcore.dynamic.policy import Eviction
 
 __all__ = ["KeyShard"]
 
 
 class KeyShard:
-    """Key-shard methods of :class:`~embcore.rows.keyed.KeyedRows` (a mixin)."""
+    """Key-shard methods of :class:`~embcore.rows.keyed.KeyedRows` and
+    :class:`~embcore.rows.disk_keyed.DiskKeyedRows` (a mixin)."""
 
     space: KeySpace
     steps_to_live: int | None
     new: tuple[np.ndarray, np.ndarray]
     _slot_init: dict[str, float]
+    #: the table's eviction as a shard's key space holds it (``steps_to_live`` only)
+    _eviction: Eviction | None
 
-    if TYPE_CHECKING:  # KeyedRows'
+    if TYPE_CHECKING:  # the row storage's
 
+        @property
+        def _device(self) -> torch.device: ...
         def tensor(self, name: str) -> Tensor: ...
         def _reserve_keys(self, keys: np.ndarray) -> None: ...
         def content(self) -> dict[str, Any]: ...
@@ -58,7 +68,7 @@ class KeyShard:
         if not defer:
             self.initialise(admitted.new_keys)
         first = np.cumsum(m) - m  # each key's first occurrence
-        return torch.from_numpy(admitted.rows[first]).to(self.tensor("weight").device)
+        return torch.from_numpy(admitted.rows[first]).to(self._device)
 
     def initialise(self, every_new_key: np.ndarray) -> None:
         """Initial values and slots of the rows the last training lookup gave to new keys.
@@ -74,7 +84,7 @@ class KeyShard:
     def find(self, keys: Tensor) -> Tensor:
         """``(K,) int64`` key-space rows of ``keys``, -1 without a row; reads only."""
         rows = self.space.lookup(np.ascontiguousarray(keys.cpu().numpy()))
-        return torch.from_numpy(rows).to(self.tensor("weight").device)
+        return torch.from_numpy(rows).to(self._device)
 
     def read_rows(self, rows: Tensor, name: str = "weight") -> Tensor:
         """The ``weight`` (float32) or slot values of key-space ``rows``: zeros for -1 (a
@@ -104,6 +114,17 @@ class KeyShard:
         order = np.lexsort((keys, last, freq))[:count]
         return np.stack([freq[order], last[order], keys[order]], axis=1).astype(np.int64)
 
+    def _end_shard_step(self, evict: int) -> Evicted:
+        """End the key space's step as a shard: evict by ``steps_to_live``, and, ``evict >
+        0``, this shard's part of the table's ``max_rows`` eviction (its ``evict`` least used
+        survivors). Returns the keys and rows evicted."""
+        keep = len(self.survivors()[0]) - evict if evict > 0 else None
+        self.space.eviction = _StepLimits(self.steps_to_live, keep)  # type: ignore[assignment]
+        try:
+            return self.space.end_step()
+        finally:
+            self.space.eviction = self._eviction  # type: ignore[assignment]
+
     def shard_content(self) -> dict[str, np.ndarray]:
         """:meth:`KeyedRows.content` as NumPy arrays (what the ranks exchange)."""
         return {
@@ -122,3 +143,13 @@ class KeyShard:
         if "pending/sketch" in state:
             part["pending/sketch"] = np.asarray(state["pending/sketch"])
         self.load_content(part)
+
+
+@dataclass(frozen=True)
+class _StepLimits:
+    """What :meth:`KeySpace.end_step` reads of an eviction, for one step of a key shard: the
+    table's ``steps_to_live`` and this shard's part of the table's ``max_rows`` eviction
+    (which may be 0: every survivor of this shard goes)."""
+
+    steps_to_live: int | None
+    max_rows: int | None

@@ -13,7 +13,12 @@ A key admitted in a training lookup gets its initial row (the in-memory table's,
 the key) in the cache; a key evicted at a step's end frees its row, which leaves the cache
 unwritten and is reused by a later key. The numbers are those of the in-memory dynamic table,
 bit for bit, whatever the cache size. Persisted by key (``"keyed"`` records), as the
-in-memory dynamic table. See docs/disk_tables.md.
+in-memory dynamic table.
+
+In a sharded engine each rank holds one key shard (``shard=True``, the owner's side of
+``key_hash``: the :class:`~embcore.rows._key_shard.KeyShard` methods, with :meth:`read_rows`
+and :meth:`slots_of` through the cache) in its own directory
+(:func:`~embcore.disk.placement.rank_storage`). See docs/disk_tables.md.
 """
 
 from __future__ import annotations
@@ -33,12 +38,15 @@ from embcore import ops
 from embcore.config import ResolvedTable
 from embcore.disk._file import DiskTableError
 from embcore.disk.keyed import SINK, KeyedDiskTable
-from embcore.disk.table import _CHUNK, row_shapes
+from embcore.disk.placement import rank_storage, record_bytes
+from embcore.disk.table import _CHUNK, row_bytes, row_shapes
 from embcore.dynamic import state_check
 from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
+from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv, whole_tensor_error
+from embcore.rows._key_shard import KeyShard
 from embcore.rows.disk import cache_state, closed_error, disk_counters
 
 __all__ = ["DiskKeyedRows", "key_space_bytes"]
@@ -63,29 +71,41 @@ def key_space_bytes(space: KeySpace) -> int:
     return total
 
 
-class DiskKeyedRows(nn.Module):
+class DiskKeyedRows(KeyShard, nn.Module):
     """A dynamic table's key space in RAM, its rows in its ``DiskStorage`` directory.
 
     The cache's tensors are not buffers (as :class:`~embcore.rows.disk.DiskRows`': disk
     tables live on the CPU, in float32); nothing goes through ``state_dict``.
+
+    Args:
+        table: the resolved table (``table.dynamic``, ``table.storage`` a ``DiskStorage``).
+        env: the engine's seed, device and storage dtype (the CPU, float32) and its rank.
+        shard: one key shard of a sharded table, in this rank's directory: it evicts by
+            ``steps_to_live`` itself, while the table's ``max_rows`` is chosen over every
+            shard (as :class:`~embcore.rows.keyed.KeyedRows`).
     """
 
     kind: ClassVar[str] = "disk_keyed"
     records: ClassVar[Records] = "keyed"
 
-    def __init__(self, table: ResolvedTable, env: RowEnv, **part: Any) -> None:
+    def __init__(self, table: ResolvedTable, env: RowEnv, shard: bool = False, **part: Any) -> None:
         super().__init__()
         if part or env.device.type != "cpu" or env.storage_dtype != torch.float32:
             raise ValueError(
-                f"table '{table.name}': a dynamic table in DiskStorage is held by one process "
-                "of a CPU engine with float32 rows (keep it out of the sharding plan, or in "
-                f"memory); got device={env.device}, storage_dtype={env.storage_dtype}, "
-                f"part={sorted(part)}"
+                f"table '{table.name}': a dynamic table in DiskStorage is held whole by one "
+                "process or by key shard (key_hash) of a CPU engine with float32 rows; got "
+                f"device={env.device}, storage_dtype={env.storage_dtype}, part={sorted(part)}"
             )
         cfg = table.config
         self.table, self.seed = table, env.seed
-        self.space = KeySpace(table.name, cfg.admission, cfg.eviction)
-        self.disk = KeyedDiskTable(table, table.storage, env.seed, table.storage.cache_bytes)
+        self.steps_to_live = (cfg.eviction or Eviction()).steps_to_live
+        self._eviction = Eviction(steps_to_live=self.steps_to_live) if shard else cfg.eviction
+        self.space = KeySpace(table.name, cfg.admission, self._eviction)
+        storage = rank_storage(table.storage, env.rank, sharded=shard)
+        self.disk = KeyedDiskTable(table, storage, env.seed, storage.cache_bytes)
+        #: a key shard's last training lookup: its new keys (ascending) and their rows
+        self.new = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._counted = False  # a key shard's training lookup counted keys: reply to it
         self.dropped_gradients = 0
         self._state: ops.TableState | None = None
         # (original batch, its ids as looked up, key-space step at the lookup), oldest first
@@ -94,6 +114,15 @@ class DiskKeyedRows(nn.Module):
         self._broken: str | None = None  # why the table refuses steps until a load
         self.steps = 0  #: training steps ended (the lookup statistics' denominator)
         self.closed = False
+
+    @classmethod
+    def planned_memory(cls, table: ResolvedTable, rows: int, cols: int) -> dict[str, int]:
+        """:meth:`memory` of a table or key shard holding ``rows`` rows, before it is built,
+        without its key index (the planner counts it per key): the cache at its capacity in
+        RAM, a record per row on disk once every row was written."""
+        size = row_bytes(table)
+        capacity = max(1, table.storage.cache_bytes // size)
+        return {"ram": capacity * size, "disk": rows * record_bytes(table)}
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -106,9 +135,9 @@ class DiskKeyedRows(nn.Module):
     def reserve(self, batches: Sequence[FeatureBatch]) -> None:
         """Index slots and row metadata for the batches' new keys, and room in the file."""
         with self._lock:
-            self._reserve(_keys(batches))
+            self._reserve_keys(_keys(batches))
 
-    def _reserve(self, keys: np.ndarray) -> None:
+    def _reserve_keys(self, keys: np.ndarray) -> None:
         space = self.space
         if space.fits(keys.size) and space.num_rows + keys.size < self.disk.rows:
             return
@@ -123,13 +152,13 @@ class DiskKeyedRows(nn.Module):
         flat = _keys(batches)
         with self._lock:  # the key space only: the prefetch thread reads it, not the I/O
             if training:
-                self._reserve(flat)
+                self._reserve_keys(flat)
                 admitted = self.space.train(flat)
                 rows = admitted.rows
             else:
                 rows = self.space.lookup(flat)
         if training:
-            self._bear(admitted.new_keys, admitted.new_rows)
+            self._initialise(admitted.new_keys, admitted.new_rows)
         ids = np.where(rows >= 0, rows + 1, SINK)
         out = self._slots(batches, ids, changed=False, training=training)
         if training:
@@ -171,12 +200,14 @@ class DiskKeyedRows(nn.Module):
         self._state = cache_state(self.table, self.disk, self._state)
         return self._state
 
-    def end_step(self) -> None:
+    def end_step(self, evict: int | None = None) -> None:
         """Reset the sink, evict (the freed rows leave the cache unwritten), step += 1; a
-        cache that grew for an oversized step empties itself."""
+        cache that grew for an oversized step empties itself. ``evict``: a key shard's part
+        of the table's ``max_rows`` eviction (``None``: the table's own eviction, one
+        process)."""
         self.disk.reset_sink()
         with self._lock:
-            evicted = self.space.end_step()
+            evicted = self.space.end_step() if evict is None else self._end_shard_step(evict)
         if evicted.rows.size:
             self.disk.discard(evicted.rows + 1)
         self.disk.end_step()
@@ -201,19 +232,24 @@ class DiskKeyedRows(nn.Module):
             rows = self.space.lookup(_keys(batches))
         self.disk.prefetch(rows[rows >= 0] + 1)
 
-    def _bear(self, keys: np.ndarray, rows: np.ndarray) -> None:
+    def _initialise(
+        self, keys: np.ndarray, rows: np.ndarray, drawn: np.ndarray | None = None
+    ) -> None:
         """The initial rows of the keys just admitted (``keys`` ascending), born in the cache
         by the lookup's own call (a failing user initializer leaves them at zero, as the
-        in-memory table does)."""
-        if keys.size == 0:
+        in-memory table does). ``drawn``: ``(A,) int64`` ascending keys to call the
+        initializer with, of which ``keys`` are a part (a key shard: every shard's new keys)."""
+        drawn = keys if drawn is None else drawn
+        if drawn.size == 0:
             return
         cfg = self.table.config
         try:
-            weight = new_rows(keys, table=self.table.name, dim=cfg.dim, seed=self.seed,
+            weight = new_rows(drawn, table=self.table.name, dim=cfg.dim, seed=self.seed,
                               initializer=cfg.initializer)  # fmt: skip
         except BaseException:
             self.disk.bear(rows + 1, torch.zeros((keys.size, cfg.dim)))
             raise
+        weight = weight[np.searchsorted(drawn, keys)] if drawn is not keys else weight
         self.disk.bear(rows + 1, torch.from_numpy(weight))
 
     def _check_usable(self) -> None:
@@ -230,9 +266,21 @@ class DiskKeyedRows(nn.Module):
         refuses further steps until a checkpoint is loaded."""
         if ids.size == 0:
             return list(batches)
+        mapped = self._cached(ids, changed, training)
+        out, start = [], 0
+        for b in batches:
+            n = b.values.numel()
+            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
+            out.append(dataclasses.replace(b, values=values))
+            start += n
+        return out
+
+    def _cached(self, ids: np.ndarray, changed: bool, training: bool) -> np.ndarray:
+        """``(N,) int64`` cache slots of ``ids: (N,) int64`` (repeats allowed; see
+        :meth:`_slots` for a failing training step)."""
         unique, inverse = np.unique(ids, return_inverse=True)
         try:
-            mapped = self.disk.slots(unique, changed)[inverse.reshape(-1)]
+            return self.disk.slots(unique, changed)[inverse.reshape(-1)]
         except DiskTableError as e:
             if training:
                 self._broken = (
@@ -242,13 +290,41 @@ class DiskKeyedRows(nn.Module):
                 )
                 raise DiskTableError(e.errno or errno.EIO, self._broken) from e
             raise
-        out, start = [], 0
-        for b in batches:
-            n = b.values.numel()
-            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
-            out.append(dataclasses.replace(b, values=values))
-            start += n
+
+    # ------------------------------------------------------------------ a key shard
+    _device = torch.device("cpu")  #: where a key shard's row numbers go
+
+    def train_keys(self, keys: Tensor, mult: Tensor, defer: bool = False) -> Tensor:
+        """:meth:`KeyShard.train_keys`; the new keys' initial rows are held aside until
+        :meth:`read_rows`, which the owner calls next, caches them (a read that fails then
+        leaves the table refusing steps, as a failing training lookup does)."""
+        self._check_usable()
+        rows = super().train_keys(keys, mult, defer)
+        self._counted = True
+        return rows
+
+    def read_rows(self, rows: Tensor, name: str = "weight") -> Tensor:
+        """``name``'s values of key-space ``rows: (K,) int64`` (-1: zeros, a slot's initial
+        value), brought into the cache as a lookup's rows (counted in its hit rate)."""
+        self._check_usable()
+        training, self._counted = self._counted, False
+        at = rows.cpu().numpy()
+        out = self.disk.sink(at.size)[name]
+        held = np.flatnonzero(at >= 0)
+        if held.size:
+            slots = torch.from_numpy(self._cached(at[held] + 1, False, training))
+            out[torch.from_numpy(held)] = self.disk.cache.tensors[name].index_select(0, slots)
         return out
+
+    def slots_of(self, rows: Tensor) -> Tensor:  # type: ignore[override]
+        """The cache slots of key-space ``rows: (K,) int64`` (all ``>= 0``, repeats allowed),
+        read again if evicted since the lookup, marked changed: one call for every row of an
+        update, so that none leaves the cache before the update ran on :meth:`state`."""
+        if rows.numel() == 0:
+            return rows.clone()
+        self._check_usable()
+        ids = rows.cpu().numpy() + 1
+        return torch.from_numpy(self._cached(ids, True, True)).to(rows.device)
 
     # ------------------------------------------------------------------ reading
     def shape(self, name: str) -> tuple[int, ...]:
@@ -332,7 +408,7 @@ class DiskKeyedRows(nn.Module):
             for k, v in state.items()
             if k not in row_shapes(self.table)
         }
-        space = KeySpace.from_state(name, arrays, cfg.admission, cfg.eviction)
+        space = KeySpace.from_state(name, arrays, cfg.admission, self._eviction)
         values = {k: torch.as_tensor(state[k]) for k in row_shapes(self.table)}
         with self._lock:
             try:

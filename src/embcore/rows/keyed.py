@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -202,13 +201,8 @@ class KeyedRows(KeyShard, RowModule):
             self.tensor(name)[SINK].fill_(value)
         if evict is None:
             self.space.end_step()
-            return
-        keep = len(self.survivors()[0]) - evict if evict > 0 else None
-        self.space.eviction = _StepLimits(self.steps_to_live, keep)  # type: ignore[assignment]
-        try:
-            self.space.end_step()
-        finally:
-            self.space.eviction = self._eviction
+        else:
+            self._end_shard_step(evict)
 
     # ------------------------------------------------------------------ reading
     def shape(self, name: str) -> tuple[int, ...]:
@@ -412,16 +406,6 @@ class KeyedRows(KeyShard, RowModule):
             out.append(dataclasses.replace(b, values=values))
             start += n
         return out
-
-
-@dataclass(frozen=True)
-class _StepLimits:
-    """What :meth:`KeySpace.end_step` reads of an eviction, for one step of a key shard: the
-    table's ``steps_to_live`` and this shard's part of the table's ``max_rows`` eviction
-    (which may be 0: every survivor of this shard goes)."""
-
-    steps_to_live: int | None
-    max_rows: int | None
 
 
 def _keys_of(batches: Sequence[FeatureBatch]) -> np.ndarray:

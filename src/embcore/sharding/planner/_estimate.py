@@ -87,5 +87,6 @@ def tier_memory(t: PlannedTable, shard: TableShard, world: int) -> dict[str, lis
         def counted(rows: int, cols: int, tier: str = tier) -> dict[str, int]:
             return {"counted": t.tiers(rows, cols)[tier]}  # any tier but "disk" is counted
 
-        out[tier] = [round(m) for m in cost(replace(t, memory_of=counted), shard, world).memory]
+        one = replace(t, memory_of=counted, index_bytes=0)  # the index is in t's "ram"
+        out[tier] = [round(m) for m in cost(one, shard, world).memory]
     return out

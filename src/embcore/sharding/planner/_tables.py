@@ -12,6 +12,7 @@ from embcore.optimizers.base import Optimizer
 from embcore.rows import placements, planned_memory
 from embcore.sharding.schemes import PlannedTable, is_dynamic
 from embcore.sharding.schemes._cost import F32_BYTES
+from embcore.sharding.schemes.key_hash import INDEX_BYTES_PER_KEY
 
 __all__ = ["DYNAMIC_EXPECTED_ROWS", "Resolved", "expected_rows", "planned_tables", "resolved"]
 
@@ -67,6 +68,7 @@ def planned_tables(
                 dynamic=is_dynamic(t),
                 placements=placements(t),
                 memory_of=_memory_of(t),
+                index_bytes=INDEX_BYTES_PER_KEY if is_dynamic(t) else 0,
             )
         )
     return out
@@ -74,8 +76,8 @@ def planned_tables(
 
 def _memory_of(table: ResolvedTable) -> Any:
     """``(rows, cols) -> bytes per tier`` as ``table``'s row storage reports it, or ``None``
-    (a dynamic table: the cost model's own estimate of its rows)."""
-    if is_dynamic(table) or planned_memory(table, 0, table.dim) is None:
+    (the cost model's own estimate of its rows: a dynamic table in memory)."""
+    if planned_memory(table, 0, table.dim) is None:
         return None
     return partial(planned_memory, table)
 

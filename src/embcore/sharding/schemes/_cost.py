@@ -33,6 +33,7 @@ class PlannedTable:
             ``"row_wise:div"``...); ``None``: every one.
         memory_of: ``(rows, cols) -> bytes per tier`` of a piece, as its row storage reports
             it (:func:`embcore.rows.planned_memory`); ``None``: float32 rows and slots in RAM.
+        index_bytes: RAM per row besides (a dynamic table's key index and row metadata).
     """
 
     name: str
@@ -47,13 +48,18 @@ class PlannedTable:
     dynamic: bool = False
     placements: tuple[str, ...] | None = None
     memory_of: Callable[[int, int], dict[str, int]] | None = field(default=None, compare=False)
+    index_bytes: int = 0
 
     def tiers(self, rows: int, cols: int) -> dict[str, int]:
         """Bytes per tier (``"ram"``, ``"disk"``) of ``rows`` rows and ``cols`` columns,
-        weights plus optimizer slots (and a cache's bookkeeping)."""
+        weights plus optimizer slots (and a cache's bookkeeping, a key index)."""
         if self.memory_of is not None:
-            return self.memory_of(rows, cols)
-        return {"ram": rows * (cols * self.col_bytes + self.row_bytes)}
+            out = self.memory_of(rows, cols)
+        else:
+            out = {"ram": rows * (cols * self.col_bytes + self.row_bytes)}
+        if self.index_bytes:
+            out = {**out, "ram": out.get("ram", 0) + self.index_bytes * rows}
+        return out
 
     def bytes(self, rows: int, cols: int) -> int:
         """Memory of ``rows`` rows and ``cols`` columns: every tier but the disk."""

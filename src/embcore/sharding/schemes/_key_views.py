@@ -57,8 +57,7 @@ class KeyViews:
         """Gathering ``weight`` or a slot (a collective): this shard's keys and values to
         every rank."""
         if self.rows is not None:
-            keys = self.rows.keys()
-            values = self.rows.read_rows(self.rows.find(keys), name)
+            keys, values = self.rows.keys(), self.rows.read(name).float()
             for dest in range(self.world):
                 if dest != self.rank:
                     ex.send(dest, keys)
@@ -71,9 +70,8 @@ class KeyViews:
         for src in self.owner:
             if src == self.rank:
                 assert self.rows is not None
-                k = self.rows.keys()
-                keys.append(k)
-                values.append(self.rows.read_rows(self.rows.find(k), name))
+                keys.append(self.rows.keys())
+                values.append(self.rows.read(name).float())  # by key, caching nothing
             else:
                 keys.append(inbox.take(src, I64).reshape(-1))
                 tail = self.logical_tail(name)
@@ -129,18 +127,16 @@ class KeyViews:
 
     def info(self) -> dict[str, int]:
         """``rows``, ``pending`` and ``dropped_gradients`` summed over the shards, and the key
-        spaces' ``step`` (a collective), as one process's ``table_info`` gives them."""
-        mine = [0, 0, 0]
-        if self.rows is not None:
-            info = self.rows.info()
-            mine = [info["rows"], info["pending"], info["dropped_gradients"]]
-        total = [sum(v) for v in zip(*self.comm.all_gather_ints(mine), strict=True)]
-        return {
-            "rows": total[0],
-            "pending": total[1],
-            "dropped_gradients": total[2],
-            "step": self.step,
-        }
+        spaces' ``step`` (a collective), as one process's ``table_info`` gives them; a table
+        in ``DiskStorage`` adds its shards' cache and file counters, summed."""
+        mine = {} if self.rows is None else self.rows.info()
+        mine = {k: v for k, v in mine.items() if k != "step"}
+        everyone: list[Any] = [mine]
+        if self.comm.distributed and self.comm.world > 1:
+            everyone = [None] * self.comm.world
+            dist.all_gather_object(everyone, mine, group=self.comm.group)
+        total = {k: sum(i.get(k, 0) for i in everyone) for i in everyone for k in i}
+        return {"rows": 0, "pending": 0, "dropped_gradients": 0, **total, "step": self.step}
 
     # ------------------------------------------------------------- whole content
     def content(self) -> dict[str, np.ndarray]:

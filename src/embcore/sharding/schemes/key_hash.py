@@ -114,13 +114,13 @@ class KeyHash(KeyViews, Scheme):
         """Traffic of a training step, an equal share per shard: each unique key and its
         occurrence count out, its row and row number back; each occurrence's key, looked-up
         row and contribution in the backward. Memory: each shard's share of the expected rows
-        (``t.vocab``), with the index and row metadata."""
+        (``t.vocab``), with the index and row metadata (``t.index_bytes`` a row)."""
         cost = Cost.zeros(world)
         mem, sent, recv = cost
         n = len(shard.ranks)
         rows = t.vocab / n
         for owner in shard.ranks:
-            mem[owner] += t.bytes(1, t.dim) * rows + INDEX_BYTES_PER_KEY * rows
+            mem[owner] += t.bytes(rows, t.dim)
             for r in range(world):
                 if r == owner:
                     continue
@@ -152,7 +152,8 @@ class KeyHash(KeyViews, Scheme):
         super().__init__(table, shard, env)  # no piece: ``state`` stays None
         self.rows: KeyedRows | None = None  # type: ignore[assignment]
         if self.rank in self.owner:  # keyed rows load the index kernels: only if used
-            self.rows = make_rows(table, RowEnv(env.seed, env.device), shard=True)  # type: ignore[assignment]
+            row_env = RowEnv(env.seed, env.device, rank=self.rank)  # a disk shard's directory
+            self.rows = make_rows(table, row_env, shard=True)  # type: ignore[assignment]
         eviction = table.config.eviction
         self.max_rows: int | None = eviction.max_rows if eviction is not None else None
         self.flush_before_training_lookup = eviction is not None and eviction.evicts
@@ -314,7 +315,7 @@ class KeyHash(KeyViews, Scheme):
         if self.rows is None:
             return None
         dim = self.table.dim
-        features, grads = [], []
+        held_rows, grads = [], []
         for _ in self.features:  # feature order, then rank order: the single-process order
             rows, parts = [], []
             for src in range(self.world):
@@ -331,6 +332,9 @@ class KeyHash(KeyViews, Scheme):
             found = torch.cat(rows)
             held = found >= 0  # no row (pending, or evicted since the lookup): dropped
             self.rows.dropped_gradients += int((~held).sum())
-            features.append(occurrences(self.rows.slots_of(found[held])))
+            held_rows.append(found[held])
             grads.append(torch.cat(parts)[held])
+        # every feature's rows in one call: a row cache (disk) keeps them all for the update
+        slots = self.rows.slots_of(torch.cat(held_rows))
+        features = [occurrences(s) for s in torch.split(slots, [r.numel() for r in held_rows])]
         return UpdateJob(self.rows.state(), features, grads, self.table.index)
