@@ -417,3 +417,33 @@ def test_engine_every_input_format_matches_reference(optimizer: str) -> None:
     assert got.keys() == want.keys()
     for key in want:
         assert_close(got[key], want[key], key)
+
+
+@pytest.mark.parametrize("dim", [16, 40, 64])
+@pytest.mark.parametrize("layout", ["contiguous", "stacked", "misaligned"])
+def test_one_id_lookups_into_every_layout_copy_rows_exactly(dim: int, layout: str) -> None:
+    """Bags of one unweighted id are row copies; where each output row is whole aligned
+    64-byte lines (dim 16, 64 into an aligned tensor, also as the strided slices of a
+    stacked output) they are written with non-temporal stores, else with plain ones (dim 40,
+    or rows shifted off the 64-byte grid). Either way every row equals the table's."""
+    gen = torch.Generator().manual_seed(dim)
+    samples, vocab = 300, 50  # more than one chunk of samples, repeated ids
+    states = [make_state(None, vocab, dim, seed=t) for t in range(3)]
+    features = [
+        [FeatureBatch(torch.randint(0, vocab, (samples,), generator=gen),
+                      torch.arange(samples + 1), None, "sum", (samples,))]
+        for _ in states
+    ]  # fmt: skip
+    if layout == "contiguous":
+        outs = [[torch.empty(samples, dim)] for _ in states]
+    elif layout == "stacked":
+        stack = torch.empty(samples, len(states), dim)
+        outs = [[stack[:, t]] for t in range(len(states))]
+    else:  # one float past a 64-byte boundary: rows are not on the line grid
+        flat = torch.empty(samples * dim + 16)
+        shift = (-flat.data_ptr() // 4) % 16 + 1
+        outs = [[flat[shift : shift + samples * dim].view(samples, dim)] for _ in states[:1]]
+        outs += [[torch.empty(samples, dim)] for _ in states[1:]]
+    cpu.lookup(states, features, out=outs)
+    for state, batches, out in zip(states, features, outs, strict=True):
+        assert torch.equal(out[0], state.weight[batches[0].values])
