@@ -23,6 +23,7 @@ from embcore import ops
 from embcore._numba.threads import MIN_WORK_PER_THREAD
 from embcore.inputs import FeatureBatch
 from embcore.ops import cpu, reference
+from embcore.ops.cpu import gather
 from embcore.ops.state import TableState
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -419,13 +420,18 @@ def test_engine_every_input_format_matches_reference(optimizer: str) -> None:
         assert_close(got[key], want[key], key)
 
 
+@pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("dim", [16, 40, 64])
 @pytest.mark.parametrize("layout", ["contiguous", "stacked", "misaligned"])
-def test_one_id_lookups_into_every_layout_copy_rows_exactly(dim: int, layout: str) -> None:
-    """Bags of one unweighted id are row copies; where each output row is whole aligned
-    64-byte lines (dim 16, 64 into an aligned tensor, also as the strided slices of a
-    stacked output) they are written with non-temporal stores, else with plain ones (dim 40,
-    or rows shifted off the 64-byte grid). Either way every row equals the table's."""
+def test_one_id_lookups_into_every_layout_copy_rows_exactly(
+    dim: int, layout: str, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bags of one unweighted id are row copies; in a large output (``stream``: the
+    threshold lowered to this one's size), where each output row is whole aligned 64-byte
+    lines (dim 16, 64 into an aligned tensor, also as the strided slices of a stacked
+    output) they are written with non-temporal stores, else with plain ones (dim 40, or rows
+    shifted off the 64-byte grid). Either way every row equals the table's."""
+    monkeypatch.setattr(gather, "STREAM_BYTES", 0 if stream else gather.STREAM_BYTES)
     gen = torch.Generator().manual_seed(dim)
     samples, vocab = 300, 50  # more than one chunk of samples, repeated ids
     states = [make_state(None, vocab, dim, seed=t) for t in range(3)]

@@ -42,9 +42,13 @@ from embcore.ops.cpu.layout import (
     T_WEIGHT,
 )
 
-__all__ = ["SAMPLES_PER_CHUNK", "pooled_lookup"]
+__all__ = ["SAMPLES_PER_CHUNK", "STREAM_BYTES", "pooled_lookup"]
 
 SAMPLES_PER_CHUNK = 128
+#: activations of at least this many bytes in all (which no cache level would keep until
+#: they are read) are written with non-temporal stores where their rows allow; smaller ones
+#: stay in the cache for the model that reads them next
+STREAM_BYTES = 16 << 20
 #: how many ids ahead rows are prefetched
 PREFETCH_IDS = 16
 
@@ -98,7 +102,7 @@ def _copy_rows(table, values, out_rows, stride, first, last, shift, stop, stream
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[no-untyped-def]
+def pooled_lookup(tables, features, counter, stream, worker, workers):  # type: ignore[no-untyped-def]
     """``out[s] = sum_j gain_j * table[id_j]`` for this worker's samples of every feature.
 
     Args:
@@ -107,6 +111,8 @@ def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[n
             output, whose rows are ``F_STRIDE`` floats apart (``dim`` when contiguous; more
             for the features of a stacked ``(S, F, dim)`` output).
         counter: ``(1,) int64``, 0 at the start: workers claim chunks from it.
+        stream: whether rows copied whole may be written with non-temporal stores (the
+            caller's choice: ``STREAM_BYTES`` of output or more).
         worker, workers: this worker and how many share the work.
 
     Returns:
@@ -147,7 +153,7 @@ def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[n
         for j in range(lo, min(lo + PREFETCH_IDS, hi)):
             _prefetch_id(tab[T_WEIGHT], values[j], vocab, dim)
         if weights == 0 and _one_id_per_bag(offsets, first, last):
-            streaming = dim % 16 == 0 and out_rows % 64 == 0 and stride % 16 == 0
+            streaming = stream and dim % 16 == 0 and out_rows % 64 == 0 and stride % 16 == 0
             bad += _copy_rows(
                 table, values, out_rows, stride, first, last, lo - first, hi, streaming
             )
