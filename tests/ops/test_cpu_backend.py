@@ -420,20 +420,24 @@ def test_engine_every_input_format_matches_reference(optimizer: str) -> None:
         assert_close(got[key], want[key], key)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("dim", [16, 40, 64])
 @pytest.mark.parametrize("layout", ["contiguous", "stacked", "misaligned"])
 def test_one_id_lookups_into_every_layout_copy_rows_exactly(
-    dim: int, layout: str, stream: bool, monkeypatch: pytest.MonkeyPatch
+    dim: int, layout: str, stream: bool, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bags of one unweighted id are row copies; in a large output (``stream``: the
     threshold lowered to this one's size), where each output row is whole aligned 64-byte
     lines (dim 16, 64 into an aligned tensor, also as the strided slices of a stacked
     output) they are written with non-temporal stores, else with plain ones (dim 40, or rows
-    shifted off the 64-byte grid). Either way every row equals the table's."""
+    shifted off the 64-byte grid). Either way every row equals the table's, also when two
+    workers write them (each fences its streamed rows before the call returns)."""
     monkeypatch.setattr(gather, "STREAM_BYTES", 0 if stream else gather.STREAM_BYTES)
+    torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(dim)
-    samples, vocab = 300, 50  # more than one chunk of samples, repeated ids
+    samples, vocab = 1000, 50  # chunks of samples, repeated ids, work for two workers
+    assert 3 * samples >= MIN_WORK_PER_THREAD
     states = [make_state(None, vocab, dim, seed=t) for t in range(3)]
     features = [
         [FeatureBatch(torch.randint(0, vocab, (samples,), generator=gen),
