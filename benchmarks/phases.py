@@ -14,6 +14,7 @@ table (docs/cpu_backend.md quotes one)::
     python benchmarks/phases.py --mainjob        # the main job's step (embcore train defaults)
     python benchmarks/phases.py --optimizer rowwise_adagrad --peer   # FBGEMM TBE in turn
     python benchmarks/phases.py --threads 1 --cpu-time    # phases in process CPU time
+    python benchmarks/phases.py --peer --prepared         # embcore's inputs prepared ahead
 
 Under the table, the random-row gather limit measured in the same run (``torch.index_select``
 of as many random 256-byte rows as the step has ids, from a 5.5M-row table on 2 MiB pages, as
@@ -174,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         help="time phases and steps in process CPU time (a shared machine; use --threads 1)",
     )
     p.add_argument(
+        "--prepared",
+        action="store_true",
+        help="embcore's batches prepared before the clock (engine.prepare), as FBGEMM's are",
+    )
+    p.add_argument(
         "--no-limit", action="store_true", help="skip the random-row gather limit (1.4 GB table)"
     )
     args = p.parse_args(argv)
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return _mainjob(args)
     workload = WORKLOADS[args.workload]
     batches = make_batches(workload, 4)
-    run = Run(workload, args.optimizer, batches)
+    run = Run(workload, args.optimizer, batches, prepared=args.prepared)
     peer = _fbgemm(workload, args.optimizer, batches) if args.peer else None
     paths = {"stacked": True, "dict": False}
     per_path: dict[str, list[dict[str, float]]] = {name: [] for name in paths}

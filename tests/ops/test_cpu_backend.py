@@ -23,6 +23,7 @@ from embcore import ops
 from embcore._numba.threads import MIN_WORK_PER_THREAD
 from embcore.inputs import FeatureBatch
 from embcore.ops import cpu, reference
+from embcore.ops.cpu import gather
 from embcore.ops.state import TableState
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -417,3 +418,42 @@ def test_engine_every_input_format_matches_reference(optimizer: str) -> None:
     assert got.keys() == want.keys()
     for key in want:
         assert_close(got[key], want[key], key)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("dim", [16, 40, 64])
+@pytest.mark.parametrize("layout", ["contiguous", "stacked", "misaligned"])
+def test_one_id_lookups_into_every_layout_copy_rows_exactly(
+    dim: int, layout: str, stream: bool, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bags of one unweighted id are row copies; in a large output (``stream``: the
+    threshold lowered to this one's size), where each output row is whole aligned 64-byte
+    lines (dim 16, 64 into an aligned tensor, also as the strided slices of a stacked
+    output) they are written with non-temporal stores, else with plain ones (dim 40, or rows
+    shifted off the 64-byte grid). Either way every row equals the table's, also when two
+    workers write them (each fences its streamed rows before the call returns)."""
+    monkeypatch.setattr(gather, "STREAM_BYTES", 0 if stream else gather.STREAM_BYTES)
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(dim)
+    samples, vocab = 1000, 50  # chunks of samples, repeated ids, work for two workers
+    assert 3 * samples >= MIN_WORK_PER_THREAD
+    states = [make_state(None, vocab, dim, seed=t) for t in range(3)]
+    features = [
+        [FeatureBatch(torch.randint(0, vocab, (samples,), generator=gen),
+                      torch.arange(samples + 1), None, "sum", (samples,))]
+        for _ in states
+    ]  # fmt: skip
+    if layout == "contiguous":
+        outs = [[torch.empty(samples, dim)] for _ in states]
+    elif layout == "stacked":
+        stack = torch.empty(samples, len(states), dim)
+        outs = [[stack[:, t]] for t in range(len(states))]
+    else:  # one float past a 64-byte boundary: rows are not on the line grid
+        flat = torch.empty(samples * dim + 16)
+        shift = (-flat.data_ptr() // 4) % 16 + 1
+        outs = [[flat[shift : shift + samples * dim].view(samples, dim)] for _ in states[:1]]
+        outs += [[torch.empty(samples, dim)] for _ in states[1:]]
+    cpu.lookup(states, features, out=outs)
+    for state, batches, out in zip(states, features, outs, strict=True):
+        assert torch.equal(out[0], state.weight[batches[0].values])

@@ -25,6 +25,8 @@ __all__ = [
     "i64_vector",
     "prefetch",
     "prefetch_row",
+    "store_fence",
+    "stream_line",
 ]
 
 
@@ -56,6 +58,39 @@ def prefetch(typingctx, address):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return types.void(address), codegen
+
+
+@intrinsic
+def stream_line(typingctx, dst, src):  # type: ignore[no-untyped-def]
+    """Copy the 64 bytes at ``src`` to ``dst`` (64-byte aligned) with a non-temporal store:
+    the line is written without first being read into the cache (no read for ownership) and
+    not kept there. For output that is written whole and read much later, e.g. the rows of
+    a stacked activation, each on another page where the hardware prefetcher cannot follow.
+    Such stores are weakly ordered: :func:`store_fence` after the last one."""
+    if not isinstance(dst, types.Integer) or not isinstance(src, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        line = ir.VectorType(ir.FloatType(), 16)
+        value = builder.load(builder.inttoptr(args[1], line.as_pointer()), align=4)
+        store = builder.store(value, builder.inttoptr(args[0], line.as_pointer()), align=64)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        return context.get_dummy_value()
+
+    return types.void(dst, src), codegen
+
+
+@intrinsic
+def store_fence(typingctx):  # type: ignore[no-untyped-def]
+    """Order every earlier store, non-temporal ones included, before any later one (a full
+    fence: ``mfence`` on x86), so that :func:`stream_line`'s rows are visible to the thread
+    that reads them once the kernel returns."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
 
 
 @intrinsic

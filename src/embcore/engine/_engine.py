@@ -28,6 +28,7 @@ from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
 from embcore.engine._closing import Closing
 from embcore.engine._compiled import attach_ops, compiled_lookup
+from embcore.engine._dense_batch import dense_batches
 from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import UpdatePath, check_gradients, check_policy
@@ -234,10 +235,16 @@ class EmbeddingEngine(
                 self._structure, weights, "weights", is_leaf=is_feature, missing_ok=True
             )
         device = self.device
-        batches = [
-            to_feature_batch(f, self._tables[f.table], x, w, device)
-            for f, x, w in zip(self._features, ids, ws, strict=True)
-        ]
+        batches = (
+            None
+            if weights is not None
+            else dense_batches(self._features, self._tables, ids, device)
+        )
+        if batches is None:  # any input but one-id dense ids, and every bad input
+            batches = [
+                to_feature_batch(f, self._tables[f.table], x, w, device)
+                for f, x, w in zip(self._features, ids, ws, strict=True)
+            ]
         if observe and self._stats is not None:  # observe: sample lookup statistics
             self._stats.maybe_observe(self._by_table(batches))
         return batches

@@ -47,6 +47,7 @@ with kernels_cached_in(package_cache_dir("cpu", Path(__file__).resolve().parent)
     from embcore.ops.cpu import dedup, finite, gather
     from embcore.ops.cpu.layout import (
         F_IDS,
+        F_SAMPLES,
         F_TABLE,
         T_DIM,
         T_VOCAB,
@@ -111,7 +112,9 @@ def lookup(
     feats, _ = feature_descriptors("lookup", features, outs, keep)
     workers = threads.num_workers(int(feats[:, F_IDS].sum()))
     counter = np.zeros(1, dtype=np.int64)
-    if sum(threads.run(gather.pooled_lookup, tables, feats, counter, workers=workers)):
+    dims = tables[feats[:, F_TABLE], T_DIM]
+    stream = 4 * int((feats[:, F_SAMPLES] * dims).sum()) >= gather.STREAM_BYTES
+    if sum(threads.run(gather.pooled_lookup, tables, feats, counter, stream, workers=workers)):
         _raise_bad_ids("lookup", states, features)
     return outs
 

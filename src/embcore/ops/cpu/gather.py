@@ -4,13 +4,28 @@ Work is cut into chunks of samples across all features (:func:`.combine.chunk_st
 claimed by the workers from a shared counter (:mod:`.threads`), so threads share one big table
 as well as many small ones. A sample writes only its own output row, so no synchronisation is
 needed.
+
+A chunk of one-id bags copies rows; where every output row is whole 64-byte lines on the
+line grid it copies them with non-temporal stores (:func:`.address.stream_line`). Output rows
+are written whole and read only after the kernel, and the rows of one feature of a stacked
+``(S, F, dim)`` output lie ``F * dim`` floats apart, each on another page, where the hardware
+prefetcher cannot fetch ahead: an ordinary store first reads each line into the cache (a miss
+per line, one row at a time), a streaming store does not read it at all.
 """
 
 from __future__ import annotations
 
 from numba import njit
 
-from embcore._numba.address import claim, f32_matrix, f32_vector, i64_vector, prefetch_row
+from embcore._numba.address import (
+    claim,
+    f32_matrix,
+    f32_vector,
+    i64_vector,
+    prefetch_row,
+    store_fence,
+    stream_line,
+)
 from embcore.ops.cpu.combine import chunk_starts, gain, sample_scale, which_chunk
 from embcore.ops.cpu.layout import (
     F_COMBINER,
@@ -27,9 +42,13 @@ from embcore.ops.cpu.layout import (
     T_WEIGHT,
 )
 
-__all__ = ["SAMPLES_PER_CHUNK", "pooled_lookup"]
+__all__ = ["SAMPLES_PER_CHUNK", "STREAM_BYTES", "pooled_lookup"]
 
 SAMPLES_PER_CHUNK = 128
+#: activations of at least this many bytes in all (which no cache level would keep until
+#: they are read) are written with non-temporal stores where their rows allow; smaller ones
+#: stay in the cache for the model that reads them next
+STREAM_BYTES = 16 << 20
 #: how many ids ahead rows are prefetched
 PREFETCH_IDS = 16
 
@@ -51,10 +70,11 @@ def _one_id_per_bag(offsets, first, last):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, error_model="numpy")
-def _copy_rows(table, values, out_rows, stride, first, last, shift, stop):  # type: ignore[no-untyped-def]
+def _copy_rows(table, values, out_rows, stride, first, last, shift, stop, streaming):  # type: ignore[no-untyped-def]
     """Samples ``first:last`` of one unweighted id each (id ``s + shift`` of sample ``s``):
     ``out[s] = table[id]``, or zeros for an id out of range. Ids below ``stop`` are
-    prefetched ``PREFETCH_IDS`` ahead.
+    prefetched ``PREFETCH_IDS`` ahead. ``streaming``: output rows are whole 64-byte lines,
+    64-byte aligned, and are written with non-temporal stores (see :func:`pooled_lookup`).
 
     Returns:
         The number of ids out of range.
@@ -68,7 +88,10 @@ def _copy_rows(table, values, out_rows, stride, first, last, shift, stop):  # ty
             _prefetch_id(weight, values[j + PREFETCH_IDS], vocab, dim)
         r = values[j]
         out = f32_matrix(out_rows + 4 * stride * s, 1, dim)
-        if 0 <= r < vocab:
+        if streaming and 0 <= r < vocab:
+            for line in range(0, 4 * dim, 64):
+                stream_line(out_rows + 4 * stride * s + line, weight + 4 * dim * r + line)
+        elif 0 <= r < vocab:
             for d in range(dim):
                 out[0, d] = table[r, d]
         else:
@@ -79,7 +102,7 @@ def _copy_rows(table, values, out_rows, stride, first, last, shift, stop):  # ty
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[no-untyped-def]
+def pooled_lookup(tables, features, counter, stream, worker, workers):  # type: ignore[no-untyped-def]
     """``out[s] = sum_j gain_j * table[id_j]`` for this worker's samples of every feature.
 
     Args:
@@ -88,6 +111,8 @@ def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[n
             output, whose rows are ``F_STRIDE`` floats apart (``dim`` when contiguous; more
             for the features of a stacked ``(S, F, dim)`` output).
         counter: ``(1,) int64``, 0 at the start: workers claim chunks from it.
+        stream: whether rows copied whole may be written with non-temporal stores (the
+            caller's choice: ``STREAM_BYTES`` of output or more).
         worker, workers: this worker and how many share the work.
 
     Returns:
@@ -128,7 +153,10 @@ def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[n
         for j in range(lo, min(lo + PREFETCH_IDS, hi)):
             _prefetch_id(tab[T_WEIGHT], values[j], vocab, dim)
         if weights == 0 and _one_id_per_bag(offsets, first, last):
-            bad += _copy_rows(table, values, out_rows, stride, first, last, lo - first, hi)
+            streaming = stream and dim % 16 == 0 and out_rows % 64 == 0 and stride % 16 == 0
+            bad += _copy_rows(
+                table, values, out_rows, stride, first, last, lo - first, hi, streaming
+            )
             continue
         for s in range(first, last):
             lo, hi = offsets[s], offsets[s + 1]
@@ -153,4 +181,5 @@ def pooled_lookup(tables, features, counter, worker, workers):  # type: ignore[n
                 src = table[r]
                 for d in range(dim):
                     row[d] += g * src[d]
+    store_fence()  # the streamed rows are visible to the caller
     return bad
