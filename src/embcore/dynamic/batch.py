@@ -12,6 +12,7 @@ See docs/dynamic_tables.md ("How the engine stores a dynamic table").
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from embcore.dynamic.keyspace import Admitted, KeySpace
 __all__ = ["Fill", "eligible", "train_many"]
 
 _WIDTH = _HI - _LO  # as default_rows' kernel computes it
+#: the new keys :func:`_grow_ahead` makes room for in an index holding none
+_AHEAD_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def train_many(
         )
         d[k.D_NEW_KEYS], d[k.D_NEW_SLOTS] = out[1].ctypes.data, out[2].ctypes.data
         d[k.D_MULT], d[k.D_NEW_ROWS] = out[3].ctypes.data, out[4].ctypes.data
+        _grow_ahead(space, q.size)
         _describe_index(d, space)
     k.stage_tables(desc, results)
     try:
@@ -134,6 +138,19 @@ def train_many(
         m = int(results[t, k.R_NEW])
         got.append(Admitted(out, new_keys[:m], new_rows[:m]))
     return got
+
+
+def _grow_ahead(space: KeySpace, n: int) -> None:
+    """Room in ``space``'s index, before pass 1, for the new keys a lookup of ``n`` keys may
+    bring, up to as many keys as it holds (so a batch repeating held keys does not grow the
+    index by its length): then pass 1 rarely stops for room and its new keys need no count
+    (:meth:`KeySpace.count_new`). Where that is not enough or is refused (memory, the row
+    limit), the count decides as before."""
+    index = space._index
+    n = min(n, len(index) + _AHEAD_MIN)
+    if not index.fits(n):
+        with contextlib.suppress(IndexMemoryError):
+            index.reserve(n)
 
 
 def _describe_index(d: np.ndarray, space: KeySpace) -> None:

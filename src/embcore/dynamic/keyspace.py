@@ -206,19 +206,17 @@ class KeySpace:
         if ev.steps_to_live is not None or ev.max_rows is not None:
             n = self._index.num_rows
             live = self._live[:n]
-            gone = np.flatnonzero(live & expired(self._last[:n], self.step, ev.steps_to_live))
+            old = expired(self._last[:n], self.step, ev.steps_to_live)
+            gone = np.flatnonzero(live & old)
             left = len(self) - gone.size
             if ev.max_rows is not None and left > ev.max_rows:
-                rest = np.flatnonzero(live)
-                if gone.size:
-                    rest = np.setdiff1d(rest, gone, assume_unique=True)
+                rest = np.flatnonzero(live & ~old) if gone.size else np.flatnonzero(live)
                 pick = least_used(
                     self._key[rest], self._freq[rest], self._last[rest], left - ev.max_rows
                 )
                 gone = np.concatenate([gone, rest[pick]])
         out_keys = np.sort(self._key[gone])
-        out_rows = self._index.find(out_keys)
-        self._index.remove(out_keys)
+        out_rows = self._index.remove(out_keys)  # every key is held: its row, in key order
         self._live[out_rows] = False
         if self._pending is not None and ev.steps_to_live is not None:
             self._pending.expire(self.step, ev.steps_to_live)
