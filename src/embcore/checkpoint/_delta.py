@@ -167,7 +167,8 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
             base_known = {
                 t: _dynamic.restore(t, chain, _read_checked, columns=False)[0] for t in base_section
             }
-        touched = _touched.plan(view, link)
+        stored = view.tensors()
+        touched = _touched.plan(view, stored, link)
     if not view.dynamic_tables() and not touched:  # all whole: it loads without its base
         sections.pop("base", None)
     states = {name: view.dynamic_state(name) for name in view.dynamic_tables()}
@@ -175,8 +176,9 @@ def plan_save(view: EngineView, path: str, base: str | None) -> SavePlan:
     if section:
         sections["dynamic"] = section
     if touched:
-        sections["touched"] = _touched.section(view, touched)
-    return SavePlan(tensors | _touched.tensors(view, touched), sections, known, touched)
+        sections["touched"] = _touched.section(stored, touched)
+        tensors |= _touched.tensors(stored, touched)
+    return SavePlan(tensors, sections, known, touched)
 
 
 def load_states(

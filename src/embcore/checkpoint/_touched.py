@@ -49,33 +49,34 @@ BOX = 8192
 Patch = tuple[np.ndarray, np.ndarray]
 
 
-def plan(view: EngineView, base: Link) -> dict[str, np.ndarray]:
-    """``{key: touched rows}`` of the tensors a delta on ``base`` writes as touched rows
-    (one-process engines only: a rank's rows of a sharded table are written whole)."""
+def plan(view: EngineView, stored: list[StoredTensor], base: Link) -> dict[str, np.ndarray]:
+    """``{key: touched rows}`` of the tensors (``stored``: ``view``'s) a delta on ``base``
+    writes as touched rows (one-process engines only: a rank's rows of a sharded table are
+    written whole)."""
     if view.world_size != 1:
         return {}
     touched = {}
-    for t in view.tensors():
+    for t in stored:
         ids = None if t.touched_since is None else t.touched_since(base.sha256)
         if ids is not None:
             touched[t.key] = ids
     return touched
 
 
-def section(view: EngineView, touched: dict[str, np.ndarray]) -> dict[str, Any]:
+def section(stored: list[StoredTensor], touched: dict[str, np.ndarray]) -> dict[str, Any]:
     """The manifest's ``"touched"`` section: ``{key: {"shape", "dtype", "rows"}}``."""
-    shapes = {t.key: t for t in view.tensors()}
     return {
-        key: {"shape": list(shapes[key].shape), "dtype": shapes[key].dtype, "rows": int(ids.size)}
-        for key, ids in touched.items()
+        t.key: {"shape": list(t.shape), "dtype": t.dtype, "rows": int(touched[t.key].size)}
+        for t in stored
+        if t.key in touched
     }
 
 
-def tensors(view: EngineView, touched: dict[str, np.ndarray]) -> dict[str, Any]:
+def tensors(stored: list[StoredTensor], touched: dict[str, np.ndarray]) -> dict[str, Any]:
     """What DCP writes for the touched tensors: their rows, and their values as boxes of
     :data:`BOX` rows, each read from the table when DCP writes it."""
     out: dict[str, Any] = {}
-    for t in view.tensors():
+    for t in stored:
         if t.key not in touched:
             continue
         ids, tail = touched[t.key], tuple(t.shape[1:])
@@ -159,10 +160,10 @@ def verify_chain(chain: list[Link]) -> None:
 
 def _patches(chain: list[Link], keys: list[str]) -> tuple[dict[str, int], dict[str, Patch]]:
     sources, out = {}, {}
-    touched = stored(chain[-1].manifest)
+    shapes = stored(chain[-1].manifest)
     for key in keys:
         sources[key] = source = _source(chain, key)
-        shape = tuple(int(n) for n in touched[key]["shape"])
+        shape = tuple(int(n) for n in shapes[key]["shape"])
         parts = [_read(link, key, shape) for link in chain[source + 1 :]]
         if parts:
             ids = np.concatenate([p[0] for p in parts])

@@ -168,12 +168,7 @@ class KeyedDiskTable(DiskTable):
         allowed), from the cache, the born rows or the file, caching nothing."""
         out = self._empty(ids.size)
         with self._lock:
-            slots = self.cache.lookup(ids)
-        held = np.flatnonzero(slots >= 0)
-        if held.size:
-            index, at = torch.from_numpy(slots[held]), torch.from_numpy(held)
-            for name, tensor in self.cache.tensors.items():
-                out[name].index_copy_(0, at, tensor.index_select(0, index))
+            slots = self.overlay_cached(ids, out)
         rest = np.flatnonzero(slots < 0)
         self._fill_special_at(ids, rest, out)
         stored = rest[(ids[rest] != SINK) & ~np.isin(ids[rest], self._born_ids)]

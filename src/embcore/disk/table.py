@@ -333,13 +333,19 @@ class DiskTable:
             self.file.read(ids[written], records)
             self._check(ids[written], records)
             self._unpack(records, out, written)
+        self.overlay_cached(ids, out)
+        return out
+
+    def overlay_cached(self, ids: np.ndarray, out: dict[str, Tensor]) -> np.ndarray:
+        """Copy the cached rows among ``ids: (N,) int64`` into ``out`` (``name -> (N, ...)``)
+        at their positions; returns each id's cache slot (-1: not cached)."""
         slots = self.cache.lookup(ids)
         held = np.flatnonzero(slots >= 0)
         if held.size:
-            index, rows = torch.from_numpy(slots[held]), torch.from_numpy(held)
+            index, at = torch.from_numpy(slots[held]), torch.from_numpy(held)
             for name, tensor in self.cache.tensors.items():
-                out[name].index_copy_(0, rows, tensor.index_select(0, index))
-        return out
+                out[name].index_copy_(0, at, tensor.index_select(0, index))
+        return slots
 
     def peek(self, ids: np.ndarray) -> dict[str, Tensor]:
         """``name -> (N, ...)``: the current rows of ``ids: (N,) int64`` (any order, repeats
@@ -368,12 +374,7 @@ class DiskTable:
             self.file.read(unique, records)
             self._check(unique, records)
             self._unpack(records[inverse.reshape(-1)], out, np.flatnonzero(made))
-        slots = self.cache.lookup(ids)
-        held = np.flatnonzero(slots >= 0)
-        if held.size:
-            index, at = torch.from_numpy(slots[held]), torch.from_numpy(held)
-            for name, tensor in self.cache.tensors.items():
-                out[name].index_copy_(0, at, tensor.index_select(0, index))
+        self.overlay_cached(ids, out)
         return out
 
     def load_range(self, start: int, values: dict[str, Tensor]) -> None:

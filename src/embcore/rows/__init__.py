@@ -11,6 +11,8 @@ The layer under the table stores (docs/architecture.md)::
   table's kind is chosen from its config), :func:`make_rows`;
 * :mod:`.dense`: rows in one dense tensor (a whole table, or a shard's piece);
 * :mod:`.keyed`: a key index in front of growable rows (dynamic tables);
+* :mod:`._mapped`: :func:`~._mapped.split_mapped`, a call's batches with their ids mapped
+  to rows or cache slots (every kind that maps ids);
 * :mod:`.disk`, :mod:`.disk_keyed`: rows on local disk behind a bounded RAM row cache (fixed
   tables; dynamic tables, their key index in RAM).
 

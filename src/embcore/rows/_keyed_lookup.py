@@ -14,6 +14,7 @@ from typing import Any
 from embcore.dynamic.batch import Fill, train_many
 from embcore.dynamic.keyspace import Admitted
 from embcore.inputs import FeatureBatch
+from embcore.rows._mapped import split_mapped
 from embcore.rows.keyed import KeyedRows, _keys_of
 
 __all__ = ["map_training"]
@@ -56,5 +57,5 @@ def map_training(stores: Sequence[Any], features: Sequence[Sequence[FeatureBatch
             continue
         if i not in filled:  # a user initializer, called in table order as before
             store._initialise(got.new_keys, got.new_rows)
-        out.append(store._trained_as(batches, store._split_mapped(batches, got.rows), 0))
+        out.append(store._trained_as(batches, split_mapped(batches, got.rows), 0))
     return out

@@ -10,7 +10,6 @@ time (:class:`DiskTensor`). See docs/disk_tables.md.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -25,6 +24,7 @@ from embcore.disk.placement import PLACEMENTS, piece_fits, planned_memory, rank_
 from embcore.disk.table import DiskTable, row_shapes
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Chunks, Records, RowEnv, stored_names
+from embcore.rows._mapped import split_mapped
 from embcore.rows._piece import Piece
 
 __all__ = ["DiskRows", "DiskTensor"]
@@ -97,14 +97,7 @@ class DiskRows(nn.Module):
             return list(batches)
         flat = np.concatenate([b.values.cpu().numpy() for b in batches])
         unique, inverse = np.unique(flat, return_inverse=True)
-        mapped = self.disk.slots(unique, changed)[inverse.reshape(-1)]
-        out, start = [], 0
-        for b in batches:
-            n = b.values.numel()
-            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
-            out.append(dataclasses.replace(b, values=values))
-            start += n
-        return out
+        return split_mapped(batches, self.disk.slots(unique, changed)[inverse.reshape(-1)])
 
     def state(self) -> ops.TableState:
         self._state = cache_state(self.table, self.disk, self._state)

@@ -23,7 +23,6 @@ and :meth:`slots_of` through the cache) in its own directory
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import threading
 from collections import deque
@@ -47,6 +46,7 @@ from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv, whole_tensor_error
 from embcore.rows._key_shard import KeyShard
+from embcore.rows._mapped import split_mapped
 from embcore.rows.disk import cache_state, closed_error, disk_counters
 
 __all__ = ["DiskKeyedRows", "key_space_bytes"]
@@ -266,14 +266,7 @@ class DiskKeyedRows(KeyShard, nn.Module):
         refuses further steps until a checkpoint is loaded."""
         if ids.size == 0:
             return list(batches)
-        mapped = self._cached(ids, changed, training)
-        out, start = [], 0
-        for b in batches:
-            n = b.values.numel()
-            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
-            out.append(dataclasses.replace(b, values=values))
-            start += n
-        return out
+        return split_mapped(batches, self._cached(ids, changed, training))
 
     def _cached(self, ids: np.ndarray, changed: bool, training: bool) -> np.ndarray:
         """``(N,) int64`` cache slots of ``ids: (N,) int64`` (repeats allowed; see

@@ -33,6 +33,7 @@ from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
 from embcore.rows._contract import Records, RowEnv, whole_tensor_error
 from embcore.rows._key_shard import KeyShard
+from embcore.rows._mapped import split_mapped
 from embcore.rows._module import RowModule
 from embcore.rows._zeros import lazy_zeros as _zeros
 
@@ -393,19 +394,7 @@ class KeyedRows(KeyShard, RowModule):
         weight.index_copy_(0, index, torch.from_numpy(values).to(weight))
 
     def _split(self, batches: Sequence[FeatureBatch], rows: np.ndarray) -> list[FeatureBatch]:
-        return self._split_mapped(batches, np.where(rows >= 0, rows + 1, SINK).astype(np.int64))
-
-    def _split_mapped(
-        self, batches: Sequence[FeatureBatch], mapped: np.ndarray
-    ) -> list[FeatureBatch]:
-        """The batches with buffer rows ``mapped: (N,) int64`` (every batch's, in order)."""
-        out, start = [], 0
-        for b in batches:
-            n = b.values.numel()
-            values = torch.from_numpy(mapped[start : start + n]).to(b.values.device)
-            out.append(dataclasses.replace(b, values=values))
-            start += n
-        return out
+        return split_mapped(batches, np.where(rows >= 0, rows + 1, SINK).astype(np.int64))
 
 
 def _keys_of(batches: Sequence[FeatureBatch]) -> np.ndarray:
