@@ -61,6 +61,15 @@ def _prefetch_id(weight, r, vocab, dim):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def _in_range(values, j, count, vocab):  # type: ignore[no-untyped-def]
+    """Whether ids ``values[j:j + count]`` all lie in ``[0, vocab)``."""
+    for i in range(j, j + count):  # noqa: SIM110 (a plain loop compiles to a plain loop)
+        if values[i] < 0 or values[i] >= vocab:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def _one_id_per_bag(offsets, first, last):  # type: ignore[no-untyped-def]
     """Whether every sample of ``first:last`` has exactly one id."""
     for s in range(first, last):  # noqa: SIM110 (a plain loop compiles to a plain loop)
@@ -172,14 +181,37 @@ def pooled_lookup(tables, features, counter, stream, worker, workers):  # type: 
             for d in range(dim):
                 row[d] = 0.0
             scale = sample_scale(weights, lo, hi, combiner)
-            for j in range(lo, hi):
-                r = values[j]
-                if r < 0 or r >= vocab:
-                    bad += 1
+            address = tab[T_WEIGHT]
+            j = lo
+            while j < hi:
+                if j + 4 <= hi and _in_range(values, j, 4, vocab):
+                    # four ids in one pass over the row, added in the same order as one by one
+                    g0, g1 = (
+                        gain(weights, j, scale, combiner),
+                        gain(weights, j + 1, scale, combiner),
+                    )
+                    g2, g3 = (
+                        gain(weights, j + 2, scale, combiner),
+                        gain(weights, j + 3, scale, combiner),
+                    )
+                    s0 = f32_vector(address + 4 * dim * values[j], dim)
+                    s1 = f32_vector(address + 4 * dim * values[j + 1], dim)
+                    s2 = f32_vector(address + 4 * dim * values[j + 2], dim)
+                    s3 = f32_vector(address + 4 * dim * values[j + 3], dim)
+                    for d in range(dim):
+                        row[d] = (((row[d] + g0 * s0[d]) + g1 * s1[d]) + g2 * s2[d]) + g3 * s3[d]
+                    j += 4
                     continue
-                g = gain(weights, j, scale, combiner)
-                src = table[r]
-                for d in range(dim):
-                    row[d] += g * src[d]
+                r = values[j]
+                if 0 <= r < vocab:
+                    g, src = (
+                        gain(weights, j, scale, combiner),
+                        f32_vector(address + 4 * dim * r, dim),
+                    )
+                    for d in range(dim):
+                        row[d] += g * src[d]
+                else:
+                    bad += 1
+                j += 1
     store_fence()  # the streamed rows are visible to the caller
     return bad

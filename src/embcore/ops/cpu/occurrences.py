@@ -55,6 +55,9 @@ from embcore.ops.cpu.layout import (
 
 __all__ = ["listed_rows", "occurrence_buffers", "sum_rows", "unique_occurrences"]
 
+#: the radix sort of unique rows: bits per pass, buckets
+RADIX_BITS = 11
+RADIX = 1 << RADIX_BITS
 #: how many occurrences ahead :func:`sum_rows` prefetches the gradient row
 PREFETCH_SOURCES = 8
 
@@ -66,13 +69,38 @@ def occurrence_buffers(ids: int, tables: int) -> tuple[np.ndarray, ...]:
         np.empty(ids + 2 * tables, dtype=np.int64),
         np.empty(ids, dtype=np.int64),
         np.empty(ids, dtype=np.float32),
+        np.empty(ids, dtype=np.int64),
     )
 
 
 @njit(cache=True, error_model="numpy")
+def _ascending(rows, n, vocab):  # type: ignore[no-untyped-def]
+    """``(n,) int64``: the indices of ``rows[:n]`` (distinct, in ``[0, vocab)``) in
+    ascending order of row (a least-significant-digit radix sort, 11 bits a pass)."""
+    order, spare = np.arange(n), np.empty(n, dtype=np.int64)
+    counts = np.empty(RADIX + 1, dtype=np.int64)
+    shift = 0
+    while shift == 0 or (vocab - 1) >> shift > 0:
+        counts[:] = 0
+        for i in range(n):
+            counts[((rows[order[i]] >> shift) & (RADIX - 1)) + 1] += 1
+        for b in range(RADIX):
+            counts[b + 1] += counts[b]
+        for i in range(n):
+            b = (rows[order[i]] >> shift) & (RADIX - 1)
+            spare[counts[b]] = order[i]
+            counts[b] += 1
+        order, spare = spare, order
+        shift += RADIX_BITS
+    return order
+
+
+@njit(cache=True, error_model="numpy")
 def _first_pass(tables, features, first, plan, occ, t):  # type: ignore[no-untyped-def]
-    """Table ``t``'s unique rows into ``plan`` and each id's unique row into ``occ[0]``
-    (-1 when out of range); counts of each row's ids into ``starts[u + 2]``.
+    """Table ``t``'s unique rows into ``plan``, in ascending order of row; each id's unique
+    row (in order of first occurrence; -1 when out of range) into ``occ[0]``; where each
+    such row's occurrences go into ``occ[4]`` and where each row's start, in ascending
+    order of row, into ``occ[1]``.
 
     Returns:
         The number of ids outside ``[0, vocab)``.
@@ -83,8 +111,7 @@ def _first_pass(tables, features, first, plan, occ, t):  # type: ignore[no-untyp
     size = base[t + 1] - base[t]
     rows = i64_vector(unique.ctypes.data + 8 * base[t], size)
     uid = i32_vector(occ[0].ctypes.data + 4 * base[t], size)
-    counts = i64_vector(occ[1].ctypes.data + 8 * (base[t] + 2 * t), size + 2)
-    counts[0], counts[1] = 0, 0
+    cursor = i64_vector(occ[4].ctypes.data + 8 * base[t], size)
     n, bad, k = 0, 0, 0
     for f in range(first[t], first[t + 1]):
         feat = features[f]
@@ -105,14 +132,26 @@ def _first_pass(tables, features, first, plan, occ, t):  # type: ignore[no-untyp
             if u < 0 or u >= n or rows[u] != r:  # first occurrence: a new row
                 u = n
                 pos[r], rows[u] = u, r
-                counts[u + 2] = 0
+                cursor[u] = 0
                 n += 1
-            counts[u + 2] += 1
+            cursor[u] += 1
             uid[k + j] = u
         k += ids
     plan[2][t] = n
-    for u in range(n):  # counts[u + 1]: where row u's occurrences start
-        counts[u + 2] += counts[u + 1]
+    # the rule visits rows in ascending order: neighbouring rows (the many of a Zipf head)
+    # then share pages and DRAM rows, and the hardware prefetcher runs ahead
+    order = _ascending(rows, n, vocab)
+    starts = i64_vector(occ[1].ctypes.data + 8 * (base[t] + 2 * t), n + 1)
+    at = 0
+    for v in range(n):
+        u = order[v]
+        starts[v] = at
+        at += cursor[u]
+        cursor[u] = starts[v]
+    starts[n] = at
+    for v in range(n):  # the rows themselves, sorted (pos[] entries go stale: harmless)
+        order[v] = rows[order[v]]
+    rows[:n] = order
     return bad
 
 
@@ -124,7 +163,7 @@ def _second_pass(tables, features, first, plan, occ, t):  # type: ignore[no-unty
     dim = tables[t, T_DIM]
     size = base[t + 1] - base[t]
     uid = i32_vector(occ[0].ctypes.data + 4 * base[t], size)
-    cursor = i64_vector(occ[1].ctypes.data + 8 * (base[t] + 2 * t), size + 2)
+    cursor = i64_vector(occ[4].ctypes.data + 8 * base[t], size)
     sources = i64_vector(occ[2].ctypes.data + 8 * base[t], size)
     gains = f32_vector(occ[3].ctypes.data + 4 * base[t], size)
     non_finite = False
@@ -149,8 +188,8 @@ def _second_pass(tables, features, first, plan, occ, t):  # type: ignore[no-unty
                 u = uid[k + j]
                 if u < 0:
                     continue
-                at = cursor[u + 1]
-                cursor[u + 1] = at + 1
+                at = cursor[u]
+                cursor[u] = at + 1
                 sources[at] = address
                 gains[at] = gain(weights, j, scale, combiner)
         k += feat[F_IDS]
