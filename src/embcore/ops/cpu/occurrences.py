@@ -62,15 +62,19 @@ RADIX = 1 << RADIX_BITS
 PREFETCH_SOURCES = 8
 
 
+_buffers: list[np.ndarray] = []
+
+
 def occurrence_buffers(ids: int, tables: int) -> tuple[np.ndarray, ...]:
-    """``occ`` for a step of ``ids`` ids in ``tables`` tables (see the module docstring)."""
-    return (
-        np.empty(ids, dtype=np.int32),
-        np.empty(ids + 2 * tables, dtype=np.int64),
-        np.empty(ids, dtype=np.int64),
-        np.empty(ids, dtype=np.float32),
-        np.empty(ids, dtype=np.int64),
-    )
+    """``occ`` for a step of ``ids`` ids in ``tables`` tables (see the module docstring):
+    views of buffers grown as needed and reused across steps, so their pages are not
+    faulted in again every step. The caller holds the update's workspace lock."""
+    sizes = (ids, ids + 2 * tables, ids, ids, ids)
+    kinds = (np.int32, np.int64, np.int64, np.float32, np.int64)
+    if not _buffers or _buffers[1].size < sizes[1]:
+        grown = int(1.25 * sizes[1])
+        _buffers[:] = [np.empty(grown, dtype=kind) for kind in kinds]
+    return tuple(buffer[:size] for buffer, size in zip(_buffers, sizes, strict=True))
 
 
 @njit(cache=True, error_model="numpy")
