@@ -14,6 +14,9 @@ gradients fit in ``FUSE_BYTES`` runs right after its own dedup, while they are i
 With ``check_finite`` the dedup also checks every gradient for NaN and Inf as it reads it,
 and every table's dedup runs before any rule, so a bad gradient changes nothing
 (``UPDATE_CHECKS_FINITE``): the engine then needs no separate pass over the gradients.
+A table with at least twice as many ids as samples, when its rule has an ``update_listed``
+kernel (row-wise Adagrad), is deduplicated into occurrence lists instead of summed
+gradients (:mod:`.occurrences`): its rule sums each chunk of rows in cache.
 
 Results match :mod:`embcore.ops.reference` to float32 rounding (the same sums in the same
 order), and rows no id touched are never written. Tensors must be float32 / int64 on the CPU

@@ -7,8 +7,10 @@ gradient block ``(unique, dim)`` (14 MB at dim 128) is many times the activation
 it sums (``(2048, dim)``, 1 MB). :mod:`.dedup` writes that block and the rule reads it back:
 two passes of it through memory, beside the rows themselves. Here, per table:
 
-1. one pass over the ids (feature order) finds the unique rows in order of first
-   occurrence, with the sparse-set index of :mod:`.dedup`, and counts each row's ids;
+1. one pass over the ids (bag by bag, as :mod:`.dedup`) finds the unique rows with the
+   sparse-set index of :mod:`.dedup` and counts each row's ids; the unique rows are then
+   sorted (a radix sort), so the rule visits them in ascending order: neighbouring rows
+   (the many of a Zipf head) share pages and DRAM rows, and the hardware prefetcher runs;
 2. a second pass lists every occurrence, its activation-gradient row's address and its
    gain, grouped by unique row and in id order within a row (a stable counting sort), and
    checks every gradient row for NaN and Inf as :mod:`.dedup` does (``plan[6][t]``).
@@ -16,12 +18,15 @@ two passes of it through memory, beside the rows themselves. Here, per table:
 A rule kernel (``update_listed`` of :mod:`.rules`) then sums a chunk of rows at a time from
 the lists (:func:`sum_rows`) into a scratch block that stays in cache and applies the rule
 to it. The sums are the dedup's, operation for operation (``g * src`` for a row's first
-occurrence, then ``+= g * src`` in id order), so results are the same to the bit.
+occurrence, then ``+= g * src`` in id order), and each row's rule does not depend on the
+order rows are visited in, so results are the same to the bit.
 
-``occ = (uid, starts, sources, gains)``: ``uid`` ``(ids,) int32`` scratch for pass 1;
-``starts`` ``(ids + 2 T,) int64``: table ``t``'s row ``u`` has occurrences
-``starts[base[t] + 2 t + u : ... + u + 1]`` (table-relative); ``sources`` ``(ids,) int64``
-and ``gains`` ``(ids,) float32``: table ``t``'s occurrences from ``base[t]``.
+``occ = (uid, starts, sources, gains, cursor)``, table ``t``'s part from ``base[t]``:
+``uid`` ``(ids,) int32``, each id's row in order of first occurrence (-1: out of range);
+``starts`` ``(ids + 2 T,) int64``: the ``v``-th row in ascending order has occurrences
+``starts[base[t] + 2 t + v]`` up to the next entry (table-relative); ``sources``
+``(ids,) int64`` and ``gains`` ``(ids,) float32``: the occurrences; ``cursor``
+``(ids,) int64``: where the next occurrence of each row goes while they are listed.
 """
 
 from __future__ import annotations
