@@ -22,6 +22,7 @@ from embcore._numba.address import (
     f32_matrix,
     f32_vector,
     i64_vector,
+    prefetch_l2,
     prefetch_row,
     store_fence,
     stream_line,
@@ -51,17 +52,22 @@ SAMPLES_PER_CHUNK = 128
 STREAM_BYTES = 16 << 20
 #: how many ids ahead rows are prefetched
 PREFETCH_IDS = 16
-#: bags of several ids prefetch at most this many lines of rows ahead (``PREFETCH_IDS`` rows
-#: of dim 64 or less, 8 of dim 128): more outstanding prefetches than a core keeps in flight
-#: slowed the pooling of dim-128 rows (16 rows ahead: 1.15x the time of 8)
-PREFETCH_LINES = 64
+#: bags of several ids prefetch rows ``PREFETCH_IDS`` ahead into the second-level cache only
+#: and this many ahead into every level: prefetching all of them into the first level held
+#: more misses than a core keeps in flight (rows of dim 128: the pooling took 1.35x as long)
+PREFETCH_NEAR = 4
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _prefetch_id(weight, r, vocab, dim):  # type: ignore[no-untyped-def]
-    """Prefetch table row ``r`` (if in range) of the table at ``weight``."""
+def _prefetch_id(weight, r, vocab, dim, far=False):  # type: ignore[no-untyped-def]
+    """Prefetch table row ``r`` (if in range) of the table at ``weight``; ``far``: into the
+    second-level cache only (:func:`.address.prefetch_l2`), for a row further ahead."""
     if 0 <= r < vocab:
-        prefetch_row(weight, r, 4 * dim)
+        if far:
+            for line in range(0, 4 * dim, 64):
+                prefetch_l2(weight + 4 * dim * r + line)
+        else:
+            prefetch_row(weight, r, 4 * dim)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -171,13 +177,14 @@ def pooled_lookup(tables, features, counter, stream, worker, workers):  # type: 
                 table, values, out_rows, stride, first, last, lo - first, hi, streaming
             )
             continue
-        ahead = min(PREFETCH_IDS, PREFETCH_LINES // max(1, dim // 16))
         for s in range(first, last):
             lo, hi = offsets[s], offsets[s + 1]
             row = f32_vector(out_rows + 4 * stride * s, dim)
             for j in range(lo, hi):
-                if j + ahead < offsets[last]:
-                    _prefetch_id(tab[T_WEIGHT], values[j + ahead], vocab, dim)
+                if j + PREFETCH_IDS < offsets[last]:
+                    _prefetch_id(tab[T_WEIGHT], values[j + PREFETCH_IDS], vocab, dim, True)
+                if j + PREFETCH_NEAR < offsets[last]:
+                    _prefetch_id(tab[T_WEIGHT], values[j + PREFETCH_NEAR], vocab, dim)
             if weights == 0 and hi - lo == 1 and 0 <= values[lo] < vocab:
                 src = table[values[lo]]  # one unweighted id: gain 1 whatever the combiner
                 for d in range(dim):

@@ -32,10 +32,10 @@ from embcore.optimizers import RowwiseAdagrad
 
 __all__ = ["fused", "hyperparameters", "update", "update_listed"]
 
-#: at most this many lines of weight rows are prefetched ahead (``PREFETCH_ROWS`` rows of
-#: dim 64 or less, 8 of dim 128): more outstanding prefetches than a core keeps in flight
-#: slowed the rule on dim-128 rows (16 rows ahead: 1.17x the time of 8)
-PREFETCH_LINES = 64
+#: rows ``PREFETCH_ROWS`` ahead are prefetched into the second-level cache only, rows this
+#: many ahead into every level: prefetching all of them into the first level held more
+#: misses than a core keeps in flight (rows of dim 128: the rule took 1.5x as long)
+PREFETCH_NEAR = 6
 
 
 def hyperparameters(optimizer: RowwiseAdagrad, lr: float, step: int) -> list[float]:
@@ -59,10 +59,11 @@ def _rows(rows, grads, w, accumulators, lay, com, lr, eps, first, stop):  # type
     """The rule on unique rows ``first:stop``: ``rows[u]`` is row ``u``'s index in ``w``
     and ``accumulators``, ``grads[u]`` its summed gradient (clipped in place)."""
     dim = grads.shape[1]
-    ahead = min(PREFETCH_ROWS, PREFETCH_LINES // max(1, dim // 16))
     for u in range(first, stop):
-        if u + ahead < rows.shape[0]:
-            prefetch_state(lay, rows[u + ahead])
+        if u + PREFETCH_ROWS < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_ROWS], True)
+        if u + PREFETCH_NEAR < rows.shape[0]:
+            prefetch_state(lay, rows[u + PREFETCH_NEAR])
         r = rows[u]
         for d in range(dim):
             grads[u, d] = clip_gradient(grads[u, d], com)
