@@ -132,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                 states, feats, parts, lrs, i + 1, **({"check_finite": True} if folded else {})
             )
             t3 = _clock()
-            dedup = kernel_time.get("unique_gradients", 0.0)
-            rule = sum(v for k, v in kernel_time.items() if k in ("update", "update_all"))
+            dedup = sum(
+                v for k, v in kernel_time.items() if k in ("unique_gradients", "unique_occurrences")
+            )
+            rule = sum(
+                v for k, v in kernel_time.items() if k in ("update", "update_all", "update_listed")
+            )
             fused = kernel_time.get("fused", 0.0)  # dedup and rule, table by table
             return {
                 "lookup": t1 - t0,

@@ -52,6 +52,7 @@ from embcore.ops.cpu.malloc import keep_freed_memory
 KERNELS = {
     "pooled_lookup": "forward gather (kernel)",
     "unique_gradients": "backward: dedup + gradient sums (kernel)",
+    "unique_occurrences": "backward: dedup + gradient sums (kernel)",  # occurrence lists
     "non_finite_flags": "finiteness check (kernel)",
     "out_of_range": "update: id range check (kernel)",
     "fused": "dedup + rule, table by table (fused kernel)",

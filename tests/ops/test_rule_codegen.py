@@ -26,7 +26,7 @@ from embcore.ops.cpu.rules import RULES
 from embcore.ops.state import TableState
 
 LOOPS = ("_rows", "_rows_all")
-KERNELS = ("update", "update_all", "fused")
+KERNELS = ("update", "update_all", "fused", "update_listed")
 _DEFINE = re.compile(r"^define [^@]*@(\S+?)\(", re.M)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "i32_vector",
     "i64_vector",
     "prefetch",
+    "prefetch_l2",
     "prefetch_row",
     "store_fence",
     "stream_line",
@@ -42,6 +43,21 @@ def _voidptr(typingctx, address):  # type: ignore[no-untyped-def]
     return types.voidptr(address), codegen
 
 
+def _prefetch_codegen(locality: int):  # type: ignore[no-untyped-def]
+    """Code for ``llvm.prefetch`` (read, data cache) of the line at an ``int64`` address
+    with ``locality`` 3 (every cache level) down to 0."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        address = builder.inttoptr(args[0], cgutils.voidptr_t)
+        builder.call(fn, [address, i32(0), i32(locality), i32(1)])
+        return context.get_dummy_value()
+
+    return codegen
+
+
 @intrinsic
 def prefetch(typingctx, address):  # type: ignore[no-untyped-def]
     """Hint the CPU to bring the cache line at ``address`` closer (``llvm.prefetch``, read,
@@ -49,15 +65,17 @@ def prefetch(typingctx, address):  # type: ignore[no-untyped-def]
     several misses in flight."""
     if not isinstance(address, types.Integer):
         return None
+    return types.void(address), _prefetch_codegen(3)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [builder.inttoptr(args[0], cgutils.voidptr_t), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
 
-    return types.void(address), codegen
+@intrinsic
+def prefetch_l2(typingctx, address):  # type: ignore[no-untyped-def]
+    """:func:`prefetch` into the second-level cache only (``llvm.prefetch`` locality 2,
+    ``prefetcht1`` on x86): a prefetch far ahead that does not hold one of the few
+    first-level miss buffers while it waits for memory."""
+    if not isinstance(address, types.Integer):
+        return None
+    return types.void(address), _prefetch_codegen(2)
 
 
 @intrinsic

@@ -14,6 +14,9 @@ gradients fit in ``FUSE_BYTES`` runs right after its own dedup, while they are i
 With ``check_finite`` the dedup also checks every gradient for NaN and Inf as it reads it,
 and every table's dedup runs before any rule, so a bad gradient changes nothing
 (``UPDATE_CHECKS_FINITE``): the engine then needs no separate pass over the gradients.
+A table with at least twice as many ids as samples, when its rule has an ``update_listed``
+kernel (row-wise Adagrad), is deduplicated into occurrence lists instead of summed
+gradients (:mod:`.occurrences`): its rule sums each chunk of rows in cache.
 
 Results match :mod:`embcore.ops.reference` to float32 rounding (the same sums in the same
 order), and rows no id touched are never written. Tensors must be float32 / int64 on the CPU
@@ -44,7 +47,7 @@ from embcore.ops.state import TableState, check_updatable
 # directory keyed by the contents of all of this package's sources and of the shared helpers
 # (embcore._numba.cache).
 with kernels_cached_in(package_cache_dir("cpu", Path(__file__).resolve().parent)):
-    from embcore.ops.cpu import dedup, finite, gather
+    from embcore.ops.cpu import dedup, finite, gather, occurrences
     from embcore.ops.cpu.layout import (
         F_IDS,
         F_SAMPLES,
@@ -198,8 +201,12 @@ def update(
     per_table = np.bincount(feats[:, F_TABLE], weights=feats[:, F_IDS], minlength=len(states))
     base[1:] = np.cumsum(per_table.astype(np.int64))
     ids = int(base[-1])
-    offset = np.zeros(len(states) + 1, dtype=np.int64)
-    offset[1:] = np.cumsum(np.diff(base) * tables[:, T_DIM])
+    groups = _groups(states)
+    (kind, lazy), members = next(iter(groups.items()))
+    single = lazy and len(groups) == 1
+    listed = _listed_tables(RULES[kind], feats, base) if single else np.zeros(len(states), bool)
+    offset = np.zeros(len(states) + 1, dtype=np.int64)  # no summed block for a listed table
+    offset[1:] = np.cumsum(np.diff(base) * tables[:, T_DIM] * ~listed)
     with _workspace_lock:  # one update at a time uses the shared gradient workspace
         plan = (
             base,
@@ -212,9 +219,17 @@ def update(
         )
         workers = threads.num_workers(ids)
         order = _biggest_first(base)
-        groups = _groups(states)
-        (kind, lazy), members = next(iter(groups.items()))
-        fused = getattr(RULES[kind], "fused", None) if lazy and len(groups) == 1 else None
+        if listed.any():
+            occ = occurrences.occurrence_buffers(ids, len(states))
+            args = (tables, feats, first, plan, occ, order, listed.astype(np.int64))
+            bad = sum(threads.run(occurrences.unique_occurrences, *args, workers=workers))
+            if check_finite and plan[6].any():
+                return False
+            if bad:
+                _raise_bad_ids("update", states, features)
+            _apply_rules(states, lrs, step, tables, plan, {(kind, lazy): members}, listed, occ)
+            return True
+        fused = getattr(RULES[kind], "fused", None) if single else None
         fuse = np.zeros(len(states), dtype=np.int64)
         if fused is not None and not check_finite:  # summed gradients still in cache for the rule
             fuse[:] = 4 * np.diff(offset) <= FUSE_BYTES
@@ -237,6 +252,17 @@ def update(
                 _raise_bad_ids("update", states, features)
         _apply_rules(states, lrs, step, tables, plan, groups)
     return True
+
+
+def _listed_tables(rule: object, feats: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Which tables are deduplicated into occurrence lists (:mod:`.occurrences`): those with
+    at least twice as many ids as samples, whose summed gradient block would outgrow the
+    activation gradient it sums, when the rule has an ``update_listed`` kernel."""
+    tables = base.shape[0] - 1
+    if not hasattr(rule, "update_listed"):
+        return np.zeros(tables, dtype=bool)
+    samples = np.bincount(feats[:, F_TABLE], weights=feats[:, F_SAMPLES], minlength=tables)
+    return np.diff(base) >= 2 * samples
 
 
 def _groups(states: Sequence[TableState]) -> dict[tuple[type, bool], list[int]]:
@@ -267,13 +293,24 @@ def _apply_rules(
     tables: np.ndarray,
     plan: tuple[np.ndarray, ...],
     groups: dict[tuple[type, bool], list[int]],
+    listed: np.ndarray | None = None,
+    occ: tuple[np.ndarray, ...] = (),
 ) -> None:
-    """One parallel pass per optimizer kind over the unique rows of its tables."""
+    """One parallel pass per optimizer kind over the unique rows of its tables; for one
+    lazy kind, a second over those of its ``listed`` tables (their occurrences in ``occ``)."""
     for (kind, lazy), members in groups.items():
         if not members:
             continue
         rule = RULES[kind]
         hp, common = _hyperparameters(states, lrs, step, kind, members)
+        if listed is not None:
+            active = listed.astype(np.int64)
+            workers = threads.num_workers(int(plan[2][listed].sum()))
+            plan[5][0] = 0
+            threads.run(rule.update_listed, tables, plan, occ, hp, common, active, workers=workers)
+            members = [t for t in members if not listed[t]]
+            if not members:
+                continue
         active = np.zeros(len(states), dtype=np.int64)
         active[members] = 1
         rows = plan[2] if lazy else tables[:, T_VOCAB]  # unique rows, or every row

@@ -22,6 +22,7 @@ from embcore._numba.address import (
     f32_matrix,
     f32_vector,
     i64_vector,
+    prefetch_l2,
     prefetch_row,
     store_fence,
     stream_line,
@@ -51,13 +52,31 @@ SAMPLES_PER_CHUNK = 128
 STREAM_BYTES = 16 << 20
 #: how many ids ahead rows are prefetched
 PREFETCH_IDS = 16
+#: bags of several ids prefetch rows ``PREFETCH_IDS`` ahead into the second-level cache only
+#: and this many ahead into every level: prefetching all of them into the first level held
+#: more misses than a core keeps in flight (rows of dim 128: the pooling took 1.35x as long)
+PREFETCH_NEAR = 4
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _prefetch_id(weight, r, vocab, dim):  # type: ignore[no-untyped-def]
-    """Prefetch table row ``r`` (if in range) of the table at ``weight``."""
+def _prefetch_id(weight, r, vocab, dim, far=False):  # type: ignore[no-untyped-def]
+    """Prefetch table row ``r`` (if in range) of the table at ``weight``; ``far``: into the
+    second-level cache only (:func:`.address.prefetch_l2`), for a row further ahead."""
     if 0 <= r < vocab:
-        prefetch_row(weight, r, 4 * dim)
+        if far:
+            for line in range(0, 4 * dim, 64):
+                prefetch_l2(weight + 4 * dim * r + line)
+        else:
+            prefetch_row(weight, r, 4 * dim)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _in_range(values, j, count, vocab):  # type: ignore[no-untyped-def]
+    """Whether ids ``values[j:j + count]`` all lie in ``[0, vocab)``."""
+    for i in range(j, j + count):  # noqa: SIM110 (a plain loop compiles to a plain loop)
+        if values[i] < 0 or values[i] >= vocab:
+            return False
+    return True
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -163,7 +182,9 @@ def pooled_lookup(tables, features, counter, stream, worker, workers):  # type: 
             row = f32_vector(out_rows + 4 * stride * s, dim)
             for j in range(lo, hi):
                 if j + PREFETCH_IDS < offsets[last]:
-                    _prefetch_id(tab[T_WEIGHT], values[j + PREFETCH_IDS], vocab, dim)
+                    _prefetch_id(tab[T_WEIGHT], values[j + PREFETCH_IDS], vocab, dim, True)
+                if j + PREFETCH_NEAR < offsets[last]:
+                    _prefetch_id(tab[T_WEIGHT], values[j + PREFETCH_NEAR], vocab, dim)
             if weights == 0 and hi - lo == 1 and 0 <= values[lo] < vocab:
                 src = table[values[lo]]  # one unweighted id: gain 1 whatever the combiner
                 for d in range(dim):
@@ -172,14 +193,37 @@ def pooled_lookup(tables, features, counter, stream, worker, workers):  # type: 
             for d in range(dim):
                 row[d] = 0.0
             scale = sample_scale(weights, lo, hi, combiner)
-            for j in range(lo, hi):
-                r = values[j]
-                if r < 0 or r >= vocab:
-                    bad += 1
+            address = tab[T_WEIGHT]
+            j = lo
+            while j < hi:
+                if j + 4 <= hi and _in_range(values, j, 4, vocab):
+                    # four ids in one pass over the row, added in the same order as one by one
+                    g0, g1 = (
+                        gain(weights, j, scale, combiner),
+                        gain(weights, j + 1, scale, combiner),
+                    )
+                    g2, g3 = (
+                        gain(weights, j + 2, scale, combiner),
+                        gain(weights, j + 3, scale, combiner),
+                    )
+                    s0 = f32_vector(address + 4 * dim * values[j], dim)
+                    s1 = f32_vector(address + 4 * dim * values[j + 1], dim)
+                    s2 = f32_vector(address + 4 * dim * values[j + 2], dim)
+                    s3 = f32_vector(address + 4 * dim * values[j + 3], dim)
+                    for d in range(dim):
+                        row[d] = (((row[d] + g0 * s0[d]) + g1 * s1[d]) + g2 * s2[d]) + g3 * s3[d]
+                    j += 4
                     continue
-                g = gain(weights, j, scale, combiner)
-                src = table[r]
-                for d in range(dim):
-                    row[d] += g * src[d]
+                r = values[j]
+                if 0 <= r < vocab:
+                    g, src = (
+                        gain(weights, j, scale, combiner),
+                        f32_vector(address + 4 * dim * r, dim),
+                    )
+                    for d in range(dim):
+                        row[d] += g * src[d]
+                else:
+                    bad += 1
+                j += 1
     store_fence()  # the streamed rows are visible to the caller
     return bad

@@ -6,7 +6,10 @@ plan, hp, common)`` that applies gradient clip, weight decay, its rule and weigh
 every unique row of ``plan``. A module may also define ``update_all`` for optimizers that move
 every row (non-lazy Adam), and ``fused(tables, features, first, plan, order, fuse, hp,
 common)``: the dedup of every table, each ``fuse[t]`` table's rule right after its own (used
-when every table of a step has that optimizer).
+when every table of a step has that optimizer), and ``update_listed(tables, plan, occ, hp,
+common, active)``: the rule on tables deduplicated into occurrence lists
+(:mod:`embcore.ops.cpu.occurrences`, tables of bags of several ids), summing each chunk of
+rows in cache first.
 Adding an optimizer adds a module and one line to :data:`RULES`.
 """
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from embcore._numba.address import f32_matrix, i64_vector, prefetch
+from embcore._numba.address import f32_matrix, i64_vector, prefetch, prefetch_l2
 from embcore.ops.cpu.combine import chunk_starts, which_chunk
 from embcore.ops.cpu.layout import (
     T_DIM,
@@ -144,18 +144,27 @@ def layout(tables, t):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def prefetch_state(lay, r):  # type: ignore[no-untyped-def]
+def _prefetch_line(address, far):  # type: ignore[no-untyped-def]
+    if far:
+        prefetch_l2(address)
+    else:
+        prefetch(address)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def prefetch_state(lay, r, far=False):  # type: ignore[no-untyped-def]
     """Prefetch row ``r``'s weights and slots (``lay`` from :func:`layout`): random rows are
-    latency bound, and prefetching ahead keeps several misses in flight."""
+    latency bound, and prefetching ahead keeps several misses in flight. ``far``: into the
+    second-level cache only (:func:`.address.prefetch_l2`), for a row further ahead."""
     weight, row_bytes, slot0, bytes0, slot1, bytes1 = lay
     for offset in range(0, row_bytes, 64):
-        prefetch(weight + r * row_bytes + offset)
+        _prefetch_line(weight + r * row_bytes + offset, far)
     if slot0 != 0:
         for offset in range(0, bytes0, 64):
-            prefetch(slot0 + r * bytes0 + offset)
+            _prefetch_line(slot0 + r * bytes0 + offset, far)
     if slot1 != 0:
         for offset in range(0, bytes1, 64):
-            prefetch(slot1 + r * bytes1 + offset)
+            _prefetch_line(slot1 + r * bytes1 + offset, far)
 
 
 @njit(cache=True, error_model="numpy")
