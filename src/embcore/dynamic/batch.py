@@ -25,7 +25,7 @@ from embcore.dynamic.index import IndexMemoryError
 from embcore.dynamic.init import _HI, _LO
 from embcore.dynamic.keyspace import Admitted, KeySpace
 
-__all__ = ["Fill", "eligible", "train_many"]
+__all__ = ["Fill", "address_of", "check_eligible", "eligible", "train_many"]
 
 _WIDTH = _HI - _LO  # as default_rows' kernel computes it
 #: the new keys :func:`_grow_ahead` makes room for in an index holding none
@@ -55,6 +55,15 @@ def eligible(space: KeySpace) -> bool:
     return space.pending is None and space._index.row_dtype == np.int32
 
 
+def check_eligible(spaces: Sequence[KeySpace], op: str) -> None:
+    """``ValueError`` naming the first key space that :func:`eligible` refuses."""
+    for space in spaces:
+        if not eligible(space):
+            raise ValueError(
+                f"table '{space.table}': {op} takes key spaces that admit on first sight"
+            )
+
+
 def train_many(
     spaces: Sequence[KeySpace],
     keys: Sequence[np.ndarray],
@@ -78,11 +87,7 @@ def train_many(
     Raises:
         IndexMemoryError: a table's index or row metadata could not grow; no table changed.
     """
-    for space in spaces:
-        if not eligible(space):
-            raise ValueError(
-                f"table '{space.table}': train_many takes key spaces that admit on first sight"
-            )
+    check_eligible(spaces, "train_many")
     t_count = len(spaces)
     desc = np.zeros((t_count, k.COLUMNS), np.int64)
     floats = np.zeros((t_count, 3 + k.MAX_SLOTS), np.float64)
@@ -169,7 +174,7 @@ def _describe_meta(d: np.ndarray, space: KeySpace) -> None:
     d[k.D_META], d[k.D_STEP] = space._key.size, space.step
 
 
-def _address(array: object) -> tuple[int, tuple[int, ...]]:
+def address_of(array: object) -> tuple[int, tuple[int, ...]]:
     """The data address and shape of a C-contiguous float32 CPU array or tensor."""
     if isinstance(array, np.ndarray):
         ok = array.dtype == np.float32 and array.flags.c_contiguous
@@ -181,14 +186,14 @@ def _address(array: object) -> tuple[int, tuple[int, ...]]:
 
 
 def _describe_fill(d: np.ndarray, f: np.ndarray, fill: Fill) -> None:
-    address, shape = _address(fill.weight)
+    address, shape = address_of(fill.weight)
     if not address or len(shape) != 2 or len(fill.slots) > k.MAX_SLOTS:
         raise ValueError("train_many: a Fill takes C-contiguous float32 CPU rows and slots")
     d[k.D_WEIGHT], d[k.D_BUFFER_ROWS], d[k.D_DIM] = address, shape[0], shape[1]
     d[k.D_SALT] = np.uint64(fill.salt).view(np.int64)
     f[0], f[1], f[2] = 1.0 / math.sqrt(shape[1]), _LO, _WIDTH
     for s, (slot, value) in enumerate(fill.slots):
-        address, slot_shape = _address(slot)
+        address, slot_shape = address_of(slot)
         if not address or slot_shape[0] != shape[0]:
             raise ValueError("train_many: a Fill takes C-contiguous float32 CPU rows and slots")
         width = int(np.prod(slot_shape[1:])) if len(slot_shape) > 1 else 1

@@ -21,7 +21,7 @@ from embcore._comm import Comm
 from embcore._table_store import StoreConfig
 from embcore.inputs import FeatureBatch
 from embcore.rows import Records, RowEnv, RowStore, StoredTensor, close_rows, make_rows
-from embcore.rows._keyed_lookup import map_training
+from embcore.rows._keyed_lookup import end_steps, map_training
 from embcore.stats import StatsCollector, StatsTable
 
 __all__ = ["LocalStore"]
@@ -117,8 +117,7 @@ class LocalStore(nn.Module):
         states = [r.state() for r in rows]
         if not ops.update(self.backend, states, mapped, grads, rates, step, check_finite):
             return False
-        for r in rows:
-            r.end_step()
+        end_steps(rows)  # keyed tables' evictions in one call
         return True
 
     def prefetch(self, features: Sequence[Sequence[FeatureBatch]]) -> None:

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from embcore.config import ResolvedTable
 from embcore.dynamic.batch import Fill, eligible
+from embcore.dynamic.boundary import Sink
 from embcore.dynamic.index import IndexMemoryError
 from embcore.dynamic.init import new_rows, table_salt
 from embcore.dynamic.keyspace import KeySpace
@@ -128,14 +129,23 @@ class KeyedRows(KeyShard, RowModule):
     def fill(self) -> Fill | None:
         """Where that kernel call writes this table's new rows: with the default initializer
         into float32 rows and slots, else ``None`` (:meth:`_initialise` then)."""
-        if self.table.config.initializer is not None or self._dtype != torch.float32:
+        sink = self.sink() if self.table.config.initializer is None else None
+        if sink is None:
+            return None
+        if self._salt is None:
+            self._salt = table_salt(self.seed, self.table.name)
+        return Fill(sink.weight, self._salt, sink.slots)
+
+    def sink(self) -> Sink | None:
+        """The float32 weight and slots with their initial slot values, whose sink rows the
+        step boundary's kernel call resets (:func:`embcore.dynamic.boundary.end_many`);
+        ``None`` for other dtypes (:meth:`end_step` resets them)."""
+        if self._dtype != torch.float32:
             return None
         slots = tuple((self.tensor(n), v) for n, v in self._slot_init.items())
         if any(t.dtype != torch.float32 for t, _ in slots):
             return None
-        if self._salt is None:
-            self._salt = table_salt(self.seed, self.table.name)
-        return Fill(self.tensor("weight"), self._salt, slots)
+        return Sink(self.tensor("weight"), slots)
 
     def _trained_as(
         self, batches: Sequence[FeatureBatch], out: list[FeatureBatch], sinks: int | None
@@ -197,13 +207,17 @@ class KeyedRows(KeyShard, RowModule):
         when a later key takes them). ``evict``: a key shard's part of the table's
         ``max_rows`` eviction, its least used survivors of ``steps_to_live`` (``None``: the
         table's own eviction, one process)."""
-        self.tensor("weight")[SINK].zero_()
-        for name, value in self._slot_init.items():
-            self.tensor(name)[SINK].fill_(value)
+        self.reset_sink()
         if evict is None:
             self.space.end_step()
         else:
             self._end_shard_step(evict)
+
+    def reset_sink(self) -> None:
+        """The sink row back to zeros and the slots' initial values."""
+        self.tensor("weight")[SINK].zero_()
+        for name, value in self._slot_init.items():
+            self.tensor(name)[SINK].fill_(value)
 
     # ------------------------------------------------------------------ reading
     def shape(self, name: str) -> tuple[int, ...]:
