@@ -179,3 +179,76 @@ def test_a_lookup_only_engine_refuses_training_and_updates() -> None:
     # the operators take ids already pruned: no advice to turn on what is on
     with pytest.raises(ValueError, match=r"ids must be in \[0, 10\)$"):
         _lookup(engine, _set(args, "values", 0, _i64(-1, 2)))
+
+
+def _dense(engine: ec.EmbeddingEngine, ids: torch.Tensor) -> dict:
+    """The operators' arguments for dense ids prepared, one per sample: each feature's ids a
+    row of one ``(F, B)`` copy, all features sharing one offsets tensor (what the checks read
+    in one pass)."""
+    prepared = engine.prepare({"x": ids[0], "y": ids[1], "z": ids[2]})
+    batches = prepared.batches
+    assert batches[0].values.data_ptr() + 8 * ids.shape[1] == batches[1].values.data_ptr()
+    assert batches[0].offsets is batches[2].offsets
+    return {
+        "values": [b.values for b in batches],
+        "offsets": [b.offsets for b in batches],
+        "weights": [None] * 3,
+        "combiners": [_library.COMBINERS.index(b.combiner) for b in batches],
+        "stacked": True,
+    }
+
+
+@pytest.mark.parametrize(("f", "bad", "name", "table"), [(1, 20, "y", "a"), (2, -1, "z", "b")])
+def test_a_bad_id_among_rows_of_one_block_names_its_feature(f, bad, name, table) -> None:
+    engine = _engine()
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    args = _dense(engine, ids)
+    _lookup(engine, args)  # the good arguments work
+    before = _state(engine)
+    args["values"][f][3] = bad  # in place: the rows stay one block
+    message = rf"feature '{name}': id {bad} at position 3 is out of range for table '{table}'"
+    with pytest.raises(ValueError, match=r"embcore::lookup: " + message):
+        _lookup(engine, args, training=True)
+    with pytest.raises(ValueError, match=r"embcore::update: " + message):
+        _update(engine, args, [torch.ones(4, 3, 4)])
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(engine), strict=True))
+
+
+def test_the_first_bad_feature_is_named_whatever_its_fault() -> None:
+    """Ids are range-checked for all features at once, after the other checks: a bad id of
+    feature 'x' is still the error when feature 'y' has ids of the wrong dtype."""
+    engine = _engine()
+    args = _set(_good(engine), "values", 0, _i64(1, 2, 99, 5))
+    args = _set(args, "values", 1, torch.tensor([3, 4, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"feature 'x': id 99 at position 2 is out of range"):
+        _lookup(engine, args)
+
+
+def test_one_offsets_tensor_is_checked_against_each_feature_ids() -> None:
+    """Features may share one offsets tensor; it must fit the ids of each of them."""
+    engine = _engine()
+    args = _dense(engine, torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]))
+    args = _set(args, "values", 2, _i64(1, 2, 3))
+    with pytest.raises(ValueError, match=r"feature 'z': offsets must start at 0 and end at len"):
+        _lookup(engine, {**args, "stacked": False})
+
+
+def test_a_stacked_gradient_through_the_operator_is_checked_as_in_eager_mode() -> None:
+    """``embcore::update`` with one ``(S, F, dim)`` gradient: a NaN raises naming its feature
+    and changes nothing; a float64 gradient updates as the same values in float32; an update
+    matches the eager path's (``engine.stacked`` and autograd) on the same batch."""
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    grad = torch.linspace(-1, 1, 4 * 3 * 4).reshape(4, 3, 4)
+    engine = _engine()
+    args = _dense(engine, ids)
+    before = _state(engine)
+    nan = grad.clone()
+    nan[1, 2, 3] = float("nan")  # feature z (table b)
+    with pytest.raises(ValueError, match=r"features 'z' \(table 'b'\) have NaN or Inf"):
+        _update(engine, args, [nan])
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(engine), strict=True))
+    _update(engine, args, [grad.double()])
+    eager = _engine()
+    (eager.stacked({"x": ids[0], "y": ids[1], "z": ids[2]}) * grad).sum().backward()
+    for a, b in zip(_state(engine), _state(eager), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

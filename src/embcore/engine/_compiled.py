@@ -117,6 +117,11 @@ class EngineOps:
         if stacked and grads[0].dim() == 3:
             grad = grads[0].detach().to(torch.float32)
             whole = grad if grad.is_contiguous() else None
+            if grads[0].is_floating_point() and grad.numel() and grad.device == e.device:
+                # (S, F, dim) float32, the shape embcore::update checked: its slices need no
+                # check of their own, as in the eager path's backward (StackedLookupWithUpdate)
+                e._apply_gradients(batches, list(grad.unbind(1)), whole, checked=True)
+                return
             flat: list[Tensor | None] = [grad[:, f, :] for f in range(len(batches))]
         elif stacked:  # the output was not used: zeros
             flat = [None] * len(batches)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -52,7 +53,8 @@ def _tensor(op: str, f: OpFeature, what: str, t: Any, dtype: torch.dtype, device
     if not isinstance(t, Tensor) or t.dtype != dtype or t.dim() != 1:
         got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
         raise _fail(op, f, f"{what} must be a 1-D {dtype} tensor, got {got}")
-    if t.device.type != device.type:
+    # (is_cpu: a tenth of the cost of t.device, which every feature would pay)
+    if not (t.is_cpu if device.type == "cpu" else t.device.type == device.type):
         raise _fail(op, f, f"{what} is on {t.device}, the engine's tensors on {device}")
     return t
 
@@ -95,10 +97,19 @@ def check_inputs(
         for what, given in (("offsets", offsets), ("weights", weights), ("combiners", combiners)):
             if len(given) != count:
                 raise _fail(op, None, f"{len(given)} {what} given for {count} features")
-        samples = []
-        for f, v, o, w, c in zip(features, values, offsets, weights, combiners, strict=True):
-            _feature(op, f, v, o, w, c, COMBINERS, device)
-            samples.append(o.shape[0] - 1)
+        samples: list[int] = []
+        split: set[tuple[int, int]] = set()  # (offsets, ids) checked: one may serve many
+        ranged: list[tuple[OpFeature, Tensor]] = []  # ids of fixed-size tables, checked at once
+        try:
+            for f, v, o, w, c in zip(features, values, offsets, weights, combiners, strict=True):
+                _feature(op, f, v, o, w, c, COMBINERS, device, split)
+                samples.append(o.shape[0] - 1)
+                if f.vocab is not None:
+                    ranged.append((f, v))
+        except ValueError:
+            _check_ranges(op, ranged, device.type == "cpu")  # an earlier feature's bad id first
+            raise
+        _check_ranges(op, ranged, device.type == "cpu")
     if stacked and count:
         first = features[0]
         for f, s in zip(features, samples, strict=True):
@@ -120,15 +131,20 @@ def _feature(
     code: Any,
     combiners: Sequence[str],
     device: torch.device,
+    split: set[tuple[int, int]],
 ) -> None:
-    """One feature's ids, offsets, weights and combiner (see :func:`check_inputs`)."""
+    """One feature's ids, offsets, weights and combiner, all but the ids' range (see
+    :func:`check_inputs`); ``split``: the ``id()`` of offsets and their number of ids checked
+    already in this call (the features of dense ids share one offsets tensor)."""
     values = _tensor(op, f, "values", values, torch.int64, device)
-    offsets = _tensor(op, f, "offsets", offsets, torch.int64, device)
     n = values.shape[0]
-    try:  # first 0, last n, never decreasing: the checks of the engine's conversion
-        check_splits(f.name, "offsets", offsets.cpu(), n, hint=False)
-    except ValueError as error:
-        raise ValueError(f"embcore::{op}: {error}") from None
+    if (id(offsets), n) not in split:
+        offsets = _tensor(op, f, "offsets", offsets, torch.int64, device)
+        try:  # first 0, last n, never decreasing: the checks of the engine's conversion
+            check_splits(f.name, "offsets", offsets.cpu(), n, hint=False)
+        except ValueError as error:
+            raise ValueError(f"embcore::{op}: {error}") from None
+        split.add((id(offsets), n))
     if weights is not None:
         weights = _tensor(op, f, "weights", weights, torch.float32, device)
         if weights.shape[0] != n:
@@ -145,11 +161,51 @@ def _feature(
             f"combiner code {code} ({combiners[code]!r}) differs from the feature's "
             f"{f.combiner!r} (code {combiners.index(f.combiner)})",
         )
-    if f.vocab is not None:
+
+
+def _check_ranges(op: str, ranged: Sequence[tuple[OpFeature, Tensor]], on_cpu: bool) -> None:
+    """Every feature's ids inside its table, ``[0, vocab)``: on the CPU for all features at
+    once (:func:`_all_in_range`), feature by feature where that finds a bad id, for its error."""
+    if on_cpu and len(ranged) > 1 and _all_in_range(ranged):
+        return
+    for f, values in ranged:
         try:
             check_range(f.name, f.table, f.vocab, values, hint=False)  # ids come pruned
         except ValueError as error:
             raise ValueError(f"embcore::{op}: {error}") from None
+
+
+def _all_in_range(ranged: Sequence[tuple[OpFeature, Tensor]]) -> bool:
+    """Whether every id lies inside its table, in one pass over the ids of all features (a few
+    calls whatever their number): read in place where they are the rows of one block (dense
+    ids prepared, one per sample: rows of one ``(F, B)`` copy), else from one copy of them."""
+    ids = [v for _, v in ranged]
+    lengths = [v.shape[0] for v in ids]
+    if min(lengths) == 0:
+        return False  # feature by feature
+    block = _block(ids, lengths[0]) if len(set(lengths)) == 1 else None
+    if block is not None:  # (F, n); NumPy's reductions of int64 rows: ten times torch's
+        rows = block.numpy()
+        low, high = rows.min(axis=1), rows.max(axis=1)
+    else:
+        flat = torch.cat(ids).numpy()
+        starts = np.cumsum([0, *lengths[:-1]])
+        low, high = np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts)
+    vocab = np.array([f.vocab for f, _ in ranged])
+    return low.min() >= 0 and bool((high < vocab).all())
+
+
+def _block(ids: Sequence[Tensor], n: int) -> Tensor | None:
+    """``(F, n)``: the ``F`` tensors of ``n`` ids as the rows of one tensor, without a copy,
+    where each follows the one before in memory within one storage; else ``None``."""
+    start = ids[0].data_ptr()
+    for i, v in enumerate(ids):
+        if (n > 1 and v.stride(0) != 1) or v.data_ptr() != start + i * n * v.element_size():
+            return None
+    try:  # the storage's bounds are checked: rows of other storages fail here
+        return ids[0].as_strided((len(ids), n), (n, 1))
+    except RuntimeError:
+        return None
 
 
 def check_grads(
