@@ -18,4 +18,4 @@ from pathlib import Path
 from embcore._numba.cache import kernels_cached_in, package_cache_dir
 
 with kernels_cached_in(package_cache_dir("dynamic", Path(__file__).resolve().parent)):
-    from embcore.dynamic import _init_kernels, _kernels, _train_kernels  # noqa: F401
+    from embcore.dynamic import _evict_kernels, _init_kernels, _kernels, _train_kernels  # noqa: F401
