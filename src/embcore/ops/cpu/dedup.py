@@ -52,7 +52,7 @@ from embcore.ops.cpu.layout import (
     T_VOCAB,
 )
 
-__all__ = ["out_of_range", "table_gradients", "unique_gradients"]
+__all__ = ["gradient_row_not_finite", "out_of_range", "table_gradients", "unique_gradients"]
 
 #: how many ids ahead the sparse-set entry is prefetched
 PREFETCH_IDS = 16
@@ -62,6 +62,21 @@ PREFETCH_SAMPLES = 4
 HASH_SLOTS = 1 << 15
 #: Fibonacci hashing: the top bits of ``id * 2^64 / golden ratio`` (wrapping int64 product)
 HASH_MULTIPLIER = -7046029254386353131
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def gradient_row_not_finite(grads, stride, s, samples, dim):  # type: ignore[no-untyped-def]
+    """Whether gradient row ``s`` (of ``samples`` rows ``stride`` floats apart at address
+    ``grads``) holds a NaN or an Inf; prefetches the row ``PREFETCH_SAMPLES`` ahead."""
+    src = f32_vector(grads + 4 * stride * s, dim)
+    non_finite = False
+    for d in range(dim):  # x - x is NaN exactly for NaN and +-inf (an integer OR)
+        non_finite |= (src[d] - src[d]) != np.float32(0.0)
+    if s + PREFETCH_SAMPLES < samples:  # strided rows defeat the hardware prefetcher
+        ahead = grads + 4 * stride * (s + PREFETCH_SAMPLES)
+        for line in range(0, 4 * dim, 64):
+            prefetch(ahead + line)
+    return non_finite
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -101,12 +116,7 @@ def table_gradients(tables, features, first, plan, t):  # type: ignore[no-untype
             lo, hi = offsets[s], offsets[s + 1]
             scale = sample_scale(weights, lo, hi, combiner)
             src = f32_vector(grads + 4 * stride * s, dim)
-            for d in range(dim):  # x - x is NaN exactly for NaN and +-inf (an integer OR)
-                non_finite |= (src[d] - src[d]) != np.float32(0.0)
-            if s + PREFETCH_SAMPLES < samples:  # strided rows defeat the hardware prefetcher
-                ahead = grads + 4 * stride * (s + PREFETCH_SAMPLES)
-                for line in range(0, 4 * dim, 64):
-                    prefetch(ahead + line)
+            non_finite |= gradient_row_not_finite(grads, stride, s, samples, dim)
             for j in range(lo, hi):
                 if not hashed and j + PREFETCH_IDS < ids:
                     ahead = values[j + PREFETCH_IDS]

@@ -43,7 +43,7 @@ from embcore._numba.address import (
     prefetch,
 )
 from embcore.ops.cpu.combine import gain, sample_scale
-from embcore.ops.cpu.dedup import PREFETCH_IDS, PREFETCH_SAMPLES, table_gradients
+from embcore.ops.cpu.dedup import PREFETCH_IDS, gradient_row_not_finite, table_gradients
 from embcore.ops.cpu.layout import (
     F_COMBINER,
     F_IDS,
@@ -186,13 +186,7 @@ def _second_pass(tables, features, first, plan, occ, t):  # type: ignore[no-unty
             lo, hi = offsets[s], offsets[s + 1]
             scale = sample_scale(weights, lo, hi, combiner)
             address = grads + 4 * stride * s
-            src = f32_vector(address, dim)
-            for d in range(dim):  # x - x is NaN exactly for NaN and +-inf (an integer OR)
-                non_finite |= (src[d] - src[d]) != np.float32(0.0)
-            if s + PREFETCH_SAMPLES < samples:  # strided rows defeat the hardware prefetcher
-                ahead = grads + 4 * stride * (s + PREFETCH_SAMPLES)
-                for line in range(0, 4 * dim, 64):
-                    prefetch(ahead + line)
+            non_finite |= gradient_row_not_finite(grads, stride, s, samples, dim)
             for j in range(lo, hi):
                 u = uid[k + j]
                 if u < 0:
