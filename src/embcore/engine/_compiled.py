@@ -76,6 +76,11 @@ class EngineOps:
             ]
         return self._features
 
+    def prepared(self, batches: Sequence[FeatureBatch]) -> None:
+        """A batch the engine prepared, so validated: the operators will not check it again
+        (:func:`embcore.ops._library.remember_prepared`)."""
+        _library.remember_prepared(self, batches)
+
     def op_convert(self, ids: Sequence[Tensor], observe: bool) -> list[FeatureBatch]:
         e = self.engine
         batches = [

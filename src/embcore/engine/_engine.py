@@ -259,6 +259,7 @@ class EmbeddingEngine(
         prefetch = getattr(self.store, "prefetch", None)
         if prefetch is not None:
             prefetch(self._by_table(list(batches)))
+        self._ops.prepared(batches)  # valid: the operators need not check it again
         return PreparedBatch(batches, id(self))
 
     def _batches(self, features: Any, weights: Any) -> list[FeatureBatch]:

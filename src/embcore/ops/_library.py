@@ -36,9 +36,19 @@ import torch
 from torch import Tensor
 
 from embcore.inputs import FeatureBatch
+from embcore.ops._known_batches import KnownBatches
 from embcore.ops._op_inputs import OpFeature, check_grads, check_inputs
 
-__all__ = ["COMBINERS", "OpFeature", "OpTarget", "lookup", "register", "target", "update"]
+__all__ = [
+    "COMBINERS",
+    "OpFeature",
+    "OpTarget",
+    "lookup",
+    "register",
+    "remember_prepared",
+    "target",
+    "update",
+]
 
 #: The combiner of each code in the operators' ``combiners`` argument.
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -81,6 +91,8 @@ class OpTarget(Protocol):
 
 _TARGETS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
+#: per target whose operators are in use, the batches they need not check (:mod:`._known_batches`)
+_KNOWN: weakref.WeakKeyDictionary[Any, KnownBatches] = weakref.WeakKeyDictionary()
 
 
 def register(op_target: OpTarget) -> int:
@@ -101,6 +113,25 @@ def target(handle: int) -> OpTarget:
     return found
 
 
+def remember_prepared(op_target: OpTarget, batches: Sequence[FeatureBatch]) -> None:
+    """Hold ``batches``, just prepared (so validated) by ``op_target``'s engine, as known good
+    to its operators, once they are in use (traced into a graph, or called): before that,
+    nothing is held, at no cost to an engine used only in eager mode."""
+    known = _KNOWN.get(op_target)
+    if known is not None:
+        known.remember(
+            [b.values for b in batches],
+            [b.offsets for b in batches],
+            [b.weights for b in batches],
+            [COMBINERS.index(b.combiner) for b in batches],
+        )
+
+
+def _known(op_target: OpTarget) -> KnownBatches:
+    known = _KNOWN.get(op_target)
+    return known if known is not None else _KNOWN.setdefault(op_target, KnownBatches())
+
+
 def _batches(
     op: str,
     op_target: OpTarget,
@@ -112,9 +143,15 @@ def _batches(
     observe: bool,
 ) -> list[FeatureBatch]:
     """The operator's batch, checked as the engine's conversion checks one (:mod:`._op_inputs`:
-    the operators are public entry points, the kernels trust what they get)."""
-    features = op_target.op_features()
-    check_inputs(op, features, values, offsets, weights, combiners, stacked, op_target.op_device())
+    the operators are public entry points, the kernels trust what they get), but for the
+    per-feature checks of a batch known good (the engine's prepared batches, the lookup's
+    tensors in its backward's update)."""
+    known = _known(op_target)
+    held = bool(offsets) and known.holds(values, offsets, weights, combiners)
+    features, device = op_target.op_features(), op_target.op_device()
+    check_inputs(op, features, values, offsets, weights, combiners, stacked, device, held)
+    if offsets and not held:
+        known.remember(values, offsets, weights, combiners)
     if not offsets:  # raw dense ids
         return op_target.op_convert(values, observe)
     return [
@@ -158,6 +195,7 @@ def _lookup_fake(
     anchor: Tensor,
 ) -> list[Tensor]:
     op_target = target(handle)
+    _known(op_target)  # traced: the engine's prepared batches are held from now on
     dims, device, samples = op_target.op_dims(), op_target.op_device(), _samples(values, offsets)
     if stacked:
         shape = (samples[0], len(dims), dims[0])

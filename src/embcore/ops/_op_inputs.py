@@ -68,6 +68,7 @@ def check_inputs(
     combiners: Sequence[Any],
     stacked: bool,
     device: torch.device,
+    known: bool = False,
 ) -> None:
     """Raise ``ValueError`` (naming the feature) unless the operator's batch is one the
     engine's conversion could have produced.
@@ -83,9 +84,9 @@ def check_inputs(
         stacked: one ``(S, F, dim)`` activation: every feature must have ``S`` samples and
             one dim.
         device: the engine's device.
+        known: the features' tensors are known good (:mod:`._known_batches`): only the
+            numbers of features and the stacked shape are checked.
     """
-    from embcore.ops._library import COMBINERS
-
     count = len(features)
     if len(values) != count:
         raise _fail(op, None, f"{len(values)} features given, the engine has {count}")
@@ -97,19 +98,9 @@ def check_inputs(
         for what, given in (("offsets", offsets), ("weights", weights), ("combiners", combiners)):
             if len(given) != count:
                 raise _fail(op, None, f"{len(given)} {what} given for {count} features")
-        samples: list[int] = []
-        split: set[tuple[int, int]] = set()  # (offsets, ids) checked: one may serve many
-        ranged: list[tuple[OpFeature, Tensor]] = []  # ids of fixed-size tables, checked at once
-        try:
-            for f, v, o, w, c in zip(features, values, offsets, weights, combiners, strict=True):
-                _feature(op, f, v, o, w, c, COMBINERS, device, split)
-                samples.append(o.shape[0] - 1)
-                if f.vocab is not None:
-                    ranged.append((f, v))
-        except ValueError:
-            _check_ranges(op, ranged, device.type == "cpu")  # an earlier feature's bad id first
-            raise
-        _check_ranges(op, ranged, device.type == "cpu")
+        if not known:
+            _features(op, features, values, offsets, weights, combiners, device)
+        samples = [o.shape[0] - 1 for o in offsets]
     if stacked and count:
         first = features[0]
         for f, s in zip(features, samples, strict=True):
@@ -120,6 +111,32 @@ def check_inputs(
                     f"stacked needs every feature to have {samples[0]} samples of dim "
                     f"{first.dim} (as feature '{first.name}'), got {s} of dim {f.dim}",
                 )
+
+
+def _features(
+    op: str,
+    features: Sequence[OpFeature],
+    values: Sequence[Any],
+    offsets: Sequence[Any],
+    weights: Sequence[Any],
+    combiners: Sequence[Any],
+    device: torch.device,
+) -> None:
+    """Every feature's tensors and combiner code, in feature order: the ids' ranges of all
+    features at once, after the rest (a bad id of an earlier feature is still the error)."""
+    from embcore.ops._library import COMBINERS
+
+    split: set[tuple[int, int]] = set()  # (offsets, ids) checked: one may serve many
+    ranged: list[tuple[OpFeature, Tensor]] = []  # ids of fixed-size tables
+    try:
+        for f, v, o, w, c in zip(features, values, offsets, weights, combiners, strict=True):
+            _feature(op, f, v, o, w, c, COMBINERS, device, split)
+            if f.vocab is not None:
+                ranged.append((f, v))
+    except ValueError:
+        _check_ranges(op, ranged, device.type == "cpu")
+        raise
+    _check_ranges(op, ranged, device.type == "cpu")
 
 
 def _feature(
