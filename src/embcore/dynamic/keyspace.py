@@ -16,6 +16,8 @@ docs/dynamic_tables.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import is_not
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +90,8 @@ class KeySpace:
         self._pending = (
             PendingCounts(table, exact_pending) if self.admission.min_count > 1 else None
         )
+        #: the arrays :meth:`addresses` last described and their addresses
+        self._described: tuple[tuple[np.ndarray, ...], list[int]] | None = None
 
     def __len__(self) -> int:
         """Keys holding a row."""
@@ -102,6 +106,26 @@ class KeySpace:
     def num_free(self) -> int:
         """Rows freed by eviction, which new keys take before new rows are added."""
         return self._index.num_free
+
+    def addresses(self) -> list[int]:
+        """The data addresses of the index's ``ctrl``, ``keys``, ``rows`` and ``free`` arrays
+        and of the row metadata ``key``, ``freq``, ``last``, ``live``, for the kernels that
+        take every table of a step (:mod:`.batch`, :mod:`.boundary`): taken again only for
+        an array replaced since (growth, eviction), as each costs a microsecond."""
+        index = self._index
+        arrays = (index._ctrl, index._keys, index._rows, index._free)
+        arrays += (self._key, self._freq, self._last, self._live)
+        held = self._described
+        if held is None:
+            self._described = arrays, [a.ctypes.data for a in arrays]
+        elif any(map(is_not, arrays, held[0])):
+            was = zip(arrays, *held, strict=True)
+            self._described = arrays, [x if a is h else a.ctypes.data for a, h, x in was]
+        return self._described[1]  # type: ignore[index]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the described addresses: a copy has arrays of its own."""
+        return self.__dict__ | {"_described": None}
 
     @property
     def pending(self) -> PendingCounts | None:
@@ -175,6 +199,8 @@ class KeySpace:
         Raises:
             IndexMemoryError: the memory cannot be had; nothing was changed.
         """
+        if rows <= self._key.size:
+            return
         meta = [self._grown(a, rows) for a in (self._key, self._freq, self._last, self._live)]
         self._key, self._freq, self._last, self._live = meta
 

@@ -97,7 +97,8 @@ class KeyedRows(KeyShard, RowModule):
         # the sink if known), oldest first: updates come in the order of their lookups (a
         # batch object may be looked up more than once)
         self._trained: deque[tuple[FeatureBatch, FeatureBatch, int, int | None]] = deque()
-        self._salt: int | None = None  # the default initializer's, once computed
+        #: :meth:`sink` and :meth:`fill`, and the :meth:`state` they were taken for
+        self._described: tuple[object, tuple[Sink | None, Fill | None]] | None = None
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -128,24 +129,29 @@ class KeyedRows(KeyShard, RowModule):
 
     def fill(self) -> Fill | None:
         """Where that kernel call writes this table's new rows: with the default initializer
-        into float32 rows and slots, else ``None`` (:meth:`_initialise` then)."""
-        sink = self.sink() if self.table.config.initializer is None else None
-        if sink is None:
-            return None
-        if self._salt is None:
-            self._salt = table_salt(self.seed, self.table.name)
-        return Fill(sink.weight, self._salt, sink.slots)
+        into float32 rows and slots, else ``None`` (:meth:`_initialise` then). Kept while the
+        buffers stay (:meth:`state`'s cache), with the sink."""
+        return self._sink_and_fill()[1]
 
     def sink(self) -> Sink | None:
         """The float32 weight and slots with their initial slot values, whose sink rows the
         step boundary's kernel call resets (:func:`embcore.dynamic.boundary.end_many`);
         ``None`` for other dtypes (:meth:`end_step` resets them)."""
-        if self._dtype != torch.float32:
-            return None
+        return self._sink_and_fill()[0]
+
+    def _sink_and_fill(self) -> tuple[Sink | None, Fill | None]:
+        state = self.state()  # a new object whenever a buffer was replaced
+        if self._described is not None and self._described[0] is state:
+            return self._described[1]
         slots = tuple((self.tensor(n), v) for n, v in self._slot_init.items())
-        if any(t.dtype != torch.float32 for t, _ in slots):
-            return None
-        return Sink(self.tensor("weight"), slots)
+        sink = fill = None
+        tensors = (self.tensor("weight"), *(t for t, _ in slots))
+        if all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
+            sink = Sink(self.tensor("weight"), slots)
+            if self.table.config.initializer is None:
+                fill = Fill(sink.weight, table_salt(self.seed, self.table.name), sink.slots)
+        self._described = state, (sink, fill)
+        return sink, fill
 
     def _trained_as(
         self, batches: Sequence[FeatureBatch], out: list[FeatureBatch], sinks: int | None
@@ -324,8 +330,8 @@ class KeyedRows(KeyShard, RowModule):
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict[str, Any]:
-        self._compact()
-        return super().__getstate__()
+        self._compact()  # (a copy describes its own buffers)
+        return super().__getstate__() | {"_described": None}
 
     @property
     def _device(self) -> torch.device:
