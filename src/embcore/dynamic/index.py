@@ -188,6 +188,13 @@ class KeyIndex:
         if not self._fits(new_keys):
             self._reserve(new_keys)
 
+    def write_empty(self) -> None:
+        """Write zeros into every empty slot's key and row, so that their pages are mapped now
+        (a capacity reserved up front), not by the inserts that take them. Changes no entry."""
+        empty = self._ctrl == 0
+        np.copyto(self._keys, 0, where=empty)
+        np.copyto(self._rows, 0, where=empty)
+
     def fits(self, new_keys: int) -> bool:
         """Whether inserting ``new_keys`` more keys allocates nothing."""
         return self._fits(new_keys)

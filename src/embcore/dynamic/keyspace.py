@@ -193,6 +193,22 @@ class KeySpace:
         meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
         self._key, self._freq, self._last, self._live = meta
 
+    def hold(self, keys: int) -> None:
+        """Room for ``keys`` keys in all (a table's ``initial_capacity``): index slots and row
+        metadata allocated now and their unused parts written (zeros), so that lookups pay
+        neither growth nor first touches of memory until the table holds that many keys.
+        Changes no key, row or count.
+
+        Raises:
+            IndexMemoryError: the memory cannot be had; nothing was changed.
+        """
+        if keys <= 0:
+            return
+        self.reserve(max(0, keys - len(self)))
+        self._index.write_empty()
+        for array in (self._key, self._freq, self._last, self._live):
+            array[self._index.num_rows :] = 0
+
     def reserve_rows(self, rows: int) -> None:
         """Room in the row metadata for ``rows`` rows (handed out, held or free).
 
