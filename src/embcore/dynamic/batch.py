@@ -140,7 +140,7 @@ def train_many(
     # the outputs of every table in two blocks: the rows, and the scratch of new keys
     starts = np.cumsum([0, *sizes])
     out = np.empty(max(1, int(starts[-1])), np.int64)
-    scratch = np.empty((4, out.size), np.int64)
+    scratch = np.empty((len(_SCRATCH), out.size), np.int64)
     desc[:, k.D_QUERY] = [q.ctypes.data for q in queries]
     desc[:, k.D_N], desc[:, k.D_BASE] = sizes, base
     desc[:, k.D_OUT] = out.ctypes.data + 8 * starts[:-1]
@@ -167,6 +167,9 @@ def train_many(
                     f"need row {top - 1}, past the {index.row_dtype} row limit"
                 )
             space.reserve_rows(top)
+            if new := staged[t][k.R_NEW]:  # the order pass 2 hands out their rows in
+                a = starts[t]
+                scratch[-1, a : a + new] = np.argsort(scratch[0, a : a + new])
             fill = prepare(t, top) if prepare is not None else None
             if fill is not None:
                 desc[t, k.D_WEIGHT :] = fill.columns
@@ -177,7 +180,7 @@ def train_many(
         raise
     k.finish_tables(desc, floats, results)
     got = []
-    new_keys, _, _, new_rows = scratch
+    new_keys, _, _, new_rows, _ = scratch
     ends = starts.tolist()
     for t, (space, r) in enumerate(zip(spaces, results.tolist(), strict=True)):
         index, a, b = space._index, ends[t], ends[t + 1]
@@ -187,8 +190,9 @@ def train_many(
     return got
 
 
-#: the descriptor columns of the per-key scratch outputs, in the order of their block's rows
-_SCRATCH = (k.D_NEW_KEYS, k.D_NEW_SLOTS, k.D_MULT, k.D_NEW_ROWS)
+#: the descriptor columns of the per-key scratch, in the order of their block's rows: the new
+#: keys first, their argsort last
+_SCRATCH = (k.D_NEW_KEYS, k.D_NEW_SLOTS, k.D_MULT, k.D_NEW_ROWS, k.D_ORDER)
 #: the descriptor columns of a key index (:func:`_index_columns`)
 _INDEX = [k.D_CTRL, k.D_KEYS, k.D_ROWS, k.D_FREE, k.D_CAP, k.D_MAX_SIZE, k.D_N_FREE]
 _INDEX += [k.D_NEXT_ROW, k.D_SIZE]
