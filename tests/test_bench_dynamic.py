@@ -57,6 +57,7 @@ def test_fixed_systems_skip_raw_keys_and_dynamic_ones_skip_fixed_ids() -> None:
     assert runs["embcore_engine"] == (True, False, False)
     assert runs["fbgemm_tbe"] == (True, False, False)
     assert runs["embcore_dynamic"] == (False, True, True)
+    assert runs["embcore_dynamic_capacity"] == (False, True, True)
     assert runs["torch_dict"] == (False, True, False)  # no eviction to compare with
     assert runs["torchrec_mc"] == (False, True, False)
     assert evict.steps_to_live is not None and evict.max_rows is not None
@@ -176,6 +177,32 @@ def test_the_cpu_time_ratio_is_taken_within_each_run() -> None:
             r["median_cpu_ms"] = {0: 12.0, 1: 40.0, 2: 30.0}[r["repeat"]]
     # fixed CPU ms 5, 10, 15 -> per run 2.4, 4.0, 2.0 -> median 2.4 (medians: 30 / 10 = 3.0)
     assert "| W3 | Adagrad | 30.0 | 10.0 | 2.40x |" in dynamic_markdown(results)
+
+
+def test_the_initial_capacity_row_is_labelled_and_kept_out_of_the_targets() -> None:
+    results = _results()
+    results["runs"] += [
+        _record("W3", "embcore, dynamic tables, initial_capacity", r, ms, rows_held=1234)
+        for r, ms in enumerate([11.0, 22.0, 36.0])
+    ]
+    text = dynamic_markdown(results)
+    # CPU ms 5.5, 11, 18 over 5, 10, 15 -> per run 1.1, 1.1, 1.2 -> median 1.1
+    assert "| W3 | Adagrad, initial_capacity | 11.0 | 10.0 | 1.10x |" in text
+    assert "| W3 | Adagrad, initial_capacity | 22.0 | 1,234 |" in text
+    assert "| W3 | Adagrad | 14.0 | 10.0 | 1.20x |" in text  # the row without, unchanged
+    assert not [c for c in targets(summarize(results)) if "initial_capacity" in c["target"]]
+    assert "* W3, embcore, dynamic tables, initial_capacity" not in text  # not a peer
+
+
+def test_the_capacity_system_reserves_each_twin_vocabulary() -> None:
+    from sidebyside.systems import embcore_dynamic_capacity
+
+    workload = WORKLOADS["W3-quick"]
+    run = embcore_dynamic_capacity.build(workload, "rowwise_adagrad", make_batches(workload, 1))
+    tables = {t.name: t.config.initial_capacity for t in run.engine.tables}
+    assert list(tables.values()) == list(workload.vocab)
+    run.step(0)
+    assert run.state_bytes == 4 * sum(workload.vocab) * (workload.dim + 1)
 
 
 def test_mainjob_refuses_tables_the_plain_peer_cannot_have() -> None:

@@ -106,6 +106,11 @@ class TableConfig:
         storage: where the rows live: ``None`` in memory (or the engine's ``storage``);
             :class:`~embcore.DiskStorage` on local disk behind a RAM cache of rows, with
             the numbers of the in-memory table (docs/disk_tables.md), fixed or dynamic.
+        initial_capacity: a dynamic table's keys to reserve memory for when the engine is
+            built (its key index, row metadata and, in memory, its rows and optimizer slots,
+            their pages written then), so that training steps pay no growth and no first
+            touch of memory until it holds that many keys; it grows past them as without.
+            ``None``: start empty. Changes no result (docs/dynamic_tables.md).
     """
 
     vocabulary_size: int | None
@@ -118,6 +123,7 @@ class TableConfig:
     admission: Any = None
     eviction: Any = None
     storage: DiskStorage | None = None
+    initial_capacity: int | None = None
 
     def __post_init__(self) -> None:
         owner = f"TableConfig(name={self.name!r})"
@@ -161,7 +167,7 @@ def _check_storage(owner: str, storage: Any) -> None:
 def _check_dynamic(owner: str, table: TableConfig) -> None:
     """``admission`` / ``eviction`` only on dynamic tables, and of the right types."""
     if table.vocabulary_size is not None:
-        for field_name in ("admission", "eviction"):
+        for field_name in ("admission", "eviction", "initial_capacity"):
             if getattr(table, field_name) is not None:
                 raise ValueError(
                     f"{owner}: {field_name}= is for dynamic tables (vocabulary_size=None), "
@@ -175,6 +181,12 @@ def _check_dynamic(owner: str, table: TableConfig) -> None:
                 f"{owner}: {field_name} must be an embcore.{kind.__name__} or None, got "
                 f"{describe(value)}"
             )
+    if table.initial_capacity is not None:
+        object.__setattr__(
+            table,
+            "initial_capacity",
+            check_int(owner, "initial_capacity", table.initial_capacity, minimum=1),
+        )
     if table.safe_lookup:
         raise ValueError(
             f"{owner}: safe_lookup=True drops ids < 0, but every int64 id is a key of a "

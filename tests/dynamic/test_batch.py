@@ -191,3 +191,49 @@ def test_copies_and_moves_take_the_rows_not_the_whole_reservation():
         e(batch)["f"].sum().backward()
     keys = torch.arange(20_100)
     assert torch.equal(emb.table_rows("t", keys), twin.table_rows("t", keys))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_key_space_describes_its_own_arrays(how):
+    """train_many keeps each key space's array addresses between calls: a copy must take its
+    own, not write into the arrays of the space it was copied from."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(4)
+    space, ref = KeySpace("t"), KeySpace("t")
+    first = rng.integers(I64_MIN, I64_MAX, 300, dtype=np.int64)
+    for space_ in (space, ref):
+        space_.train(first[:10])
+    train_many([space], [first])
+    ref.train(first)
+    twin = copy.deepcopy(space) if how == "deepcopy" else pickle.loads(pickle.dumps(space))
+    before = key_state(space)
+    for new in (0, 0, 5, 40):  # held keys again (nothing grows), then new ones
+        keys = np.concatenate([first[:20], rng.integers(I64_MIN, I64_MAX, new, dtype=np.int64)])
+        np.testing.assert_array_equal(train_many([twin], [keys])[0].rows, ref.train(keys).rows)
+        assert key_state(twin) == key_state(ref)
+    assert key_state(space) == before
+
+
+def test_a_copied_engine_initialises_its_own_new_rows():
+    """The row storage keeps where the lookup kernel writes new rows while its buffers stay: a
+    copy of an engine whose buffers are already its own writes into its own."""
+    import copy
+
+    import embcore as ec
+
+    table = ec.TableConfig(None, 8, name="t")
+    emb = ec.EmbeddingEngine({"f": ec.FeatureConfig(table)}, ec.Adagrad(0.1), seed=3)
+    held = torch.arange(20)
+    emb({"f": held})["f"].sum().backward()  # room for 32 rows
+    copy.deepcopy(emb)  # the buffers become arrays of their own size
+    emb({"f": held})["f"].sum().backward()  # (described again)
+    twin = copy.deepcopy(emb)
+    before = emb.table_rows("t", held).clone()
+    new = torch.arange(1000, 1010)  # rows within the room: nothing grows
+    twin({"f": new})  # admits and initialises the new rows (no update)
+    assert torch.equal(emb.table_rows("t", held), before)
+    assert emb.table_keys("t").numel() == 20
+    want = default_rows(3, "t", new.numpy(), 8)
+    np.testing.assert_array_equal(twin.table_rows("t", new).numpy(), want)

@@ -44,8 +44,16 @@ def test_a_pipelined_engine_that_evicts_follows_the_model(
     run_against_the_model(k, ttl, cap, 0, pipeline=True)
 
 
+@pytest.mark.parametrize("hint", [3, 64])  # keys reserved up front: fewer, more than held
+@pytest.mark.parametrize(("k", "ttl", "cap"), [(1, None, None), (1, 2, 4), (2, 1, 3)])
+def test_a_table_with_initial_capacity_follows_the_model(
+    k: int, ttl: int | None, cap: int | None, hint: int
+) -> None:
+    run_against_the_model(k, ttl, cap, 0, pipeline=False, hint=hint)
+
+
 def run_against_the_model(
-    k: int, ttl: int | None, cap: int | None, seed: int, pipeline: bool
+    k: int, ttl: int | None, cap: int | None, seed: int, pipeline: bool, hint: int | None = None
 ) -> None:
     table = ec.TableConfig(
         None,
@@ -54,6 +62,7 @@ def run_against_the_model(
         name="t",
         admission=ec.CountAdmission(min_count=k),
         eviction=ec.Eviction(steps_to_live=ttl, max_rows=cap),
+        initial_capacity=hint,
     )
     emb = ec.EmbeddingEngine(
         {"x": ec.FeatureConfig(table), "y": ec.FeatureConfig(table)}, ec.SGD(1.0), pipeline=pipeline

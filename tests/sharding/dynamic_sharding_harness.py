@@ -24,11 +24,11 @@ POOL = torch.tensor([(i * 0x9E3779B97F4A7C15 + 12345) % 2**64 - 2**63 for i in r
 PROBE = torch.cat([POOL[:12], torch.tensor([2**63 - 1, -(2**63)])])
 
 
-def feature_config(evict: bool = True) -> dict[str, ec.FeatureConfig]:
+def feature_config(evict: bool = True, hint: int | None = None) -> dict[str, ec.FeatureConfig]:
     eviction = ec.Eviction(steps_to_live=2, max_rows=MAX_ROWS) if evict else None
     user = ec.TableConfig(
         vocabulary_size=None, dim=4, name="user", combiner="mean",
-        admission=ec.CountAdmission(min_count=2), eviction=eviction,
+        admission=ec.CountAdmission(min_count=2), eviction=eviction, initial_capacity=hint,
     )  # fmt: skip
     fixed = ec.TableConfig(vocabulary_size=5, dim=3, name="fixed", combiner="sum")
     return {
@@ -51,12 +51,15 @@ def plan(world: int) -> ShardingPlan:
 def engine(world: int | None, pipelined: bool = False) -> ec.EmbeddingEngine:
     """The scenario's engine: sharded over ``world`` ranks, or one process (``None``).
     ``pipelined``: ``pipeline=True`` and no eviction (so each update lands after the next
-    training lookup, one step stale)."""
+    training lookup, one step stale). The ranks' dynamic table reserves 12 keys up front
+    (``initial_capacity``, shared among its key shards; fewer than it holds), the one process's
+    none: the same numbers."""
     kwargs: dict[str, Any] = {"backend": "reference", "pipeline": pipelined}
     if world is not None:
         kwargs["plan"] = plan(world)
     opt = ec.Adagrad(learning_rate=0.3)
-    return ec.EmbeddingEngine(feature_config(evict=not pipelined), opt, **kwargs)
+    hint = None if world is None else 12
+    return ec.EmbeddingEngine(feature_config(not pipelined, hint), opt, **kwargs)
 
 
 def local_batch(step: int, rank: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from types import ModuleType
 from sidebyside.systems import (
     embcore_dict,
     embcore_dynamic,
+    embcore_dynamic_capacity,
     embcore_dynamic_w1init,
     embcore_engine,
     embcore_pipelined,
@@ -46,6 +47,7 @@ SYSTEMS: list[ModuleType] = [
     fbgemm_tbe,
     embcore_dynamic,
     embcore_dynamic_w1init,
+    embcore_dynamic_capacity,
     torch_dict,
     torchrec_mc,
 ]

@@ -10,7 +10,7 @@ called with ``(n_new, dim)`` for the keys admitted in a lookup).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,6 +40,7 @@ class Run:
         optimizer: str,
         batches: list[Batch],
         initializer: Callable[..., torch.Tensor] | None = None,
+        capacity: Sequence[int] | None = None,
     ) -> None:
         opt: ec.Optimizer
         if optimizer == "adagrad":
@@ -60,6 +61,7 @@ class Run:
                 initializer=initializer,
                 name=f"table_{t}",
                 eviction=eviction,
+                initial_capacity=None if capacity is None else capacity[t],
             )
             for t in range(workload.tables)
         ]
@@ -76,6 +78,7 @@ class Run:
             for b in batches
         ]
         self.names = [t.name for t in tables]
+        self.reserved = 0 if capacity is None else sum(capacity)  # rows, held or not
         self.slot_floats = workload.dim if optimizer == "adagrad" else 1
         self.dim = workload.dim
         self.projection = projection(workload.dim)
@@ -87,8 +90,9 @@ class Run:
 
     @property
     def state_bytes(self) -> int:
-        """The rows held and their optimizer slots (not the index, nor spare capacity)."""
-        return 4 * self.rows_held * (self.dim + self.slot_floats)
+        """The rows held (or reserved by ``initial_capacity``, when more) and their optimizer
+        slots (not the index)."""
+        return 4 * max(self.rows_held, self.reserved) * (self.dim + self.slot_floats)
 
     def step(self, i: int) -> None:
         loss = ((self.engine.stacked(self.inputs[i]) @ self.projection) ** 2).sum()

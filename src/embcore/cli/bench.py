@@ -78,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "fbgemm_tbe",
             "embcore_dynamic",
             "embcore_dynamic_w1init",
+            "embcore_dynamic_capacity",
             "torch_dict",
             "torchrec_mc",
         ],

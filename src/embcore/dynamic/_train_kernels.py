@@ -11,8 +11,9 @@ table's rows take the default initializer, its weight and optimizer slots.
   negative), so its later occurrences find it and count. The new keys are now counted: the
   caller makes room for them (row metadata, rows), or undoes pass 1 (:func:`unstage_tables`:
   each insert took an empty slot) when it cannot, so that no table changes.
-* Pass 2 (:func:`finish_tables`): the new keys, sorted, take their rows in ascending key
-  order (freed rows first, smallest first, then new rows at the end), exactly as
+* Pass 2 (:func:`finish_tables`): the new keys, sorted (the caller's ``argsort`` of them:
+  NumPy's sorts 22,000 keys in 26 tables in half the time of Numba's), take their rows in
+  ascending key order (freed rows first, smallest first, then new rows at the end), exactly as
   :meth:`KeySpace.train` assigns them; their index entries, metadata and outputs get the
   final rows; held keys get ``freq += 1`` per occurrence and ``last = step``; new weight rows
   get the default initializer's values (bit for bit :func:`._init_kernels.normal_rows`) and
@@ -37,8 +38,8 @@ __all__ = ["COLUMNS", "MAX_SLOTS", "finish_tables", "stage_tables", "unstage_tab
 # descriptor columns (int64)
 (D_QUERY, D_N, D_CTRL, D_KEYS, D_ROWS, D_CAP, D_MAX_SIZE, D_FREE, D_N_FREE, D_NEXT_ROW,
  D_SIZE, D_KEY, D_FREQ, D_LAST, D_LIVE, D_META, D_STEP, D_OUT, D_BASE, D_NEW_KEYS,
- D_NEW_SLOTS, D_MULT, D_NEW_ROWS, D_WEIGHT, D_BUFFER_ROWS, D_DIM, D_SALT,
- D_SLOTS) = range(28)  # fmt: skip
+ D_NEW_SLOTS, D_MULT, D_NEW_ROWS, D_ORDER, D_WEIGHT, D_BUFFER_ROWS, D_DIM, D_SALT,
+ D_SLOTS) = range(29)  # fmt: skip
 #: optimizer slots a fused initialisation fills (address and floats per row each)
 MAX_SLOTS = 4
 COLUMNS = D_SLOTS + 2 * MAX_SLOTS
@@ -139,7 +140,7 @@ def _finish(d, f, result):  # type: ignore[no-untyped-def]
     m = result[R_NEW]
     free = _vector(d[D_FREE], max(d[D_N_FREE], 1), np.int32)
     n_free, next_row = d[D_N_FREE], d[D_NEXT_ROW]
-    order = np.argsort(new_key[:m])
+    order = _vector(d[D_ORDER], max(m, 1), np.int64)  # argsort of new_key[:m], by the caller
     row_of = np.empty(m, np.int64)
     sorted_keys = np.empty(m, np.int64)
     for k in range(m):

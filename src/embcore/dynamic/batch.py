@@ -15,24 +15,24 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from embcore.dynamic import _train_kernels as k
-from embcore.dynamic.index import IndexMemoryError
+from embcore.dynamic.index import ROW_LIMIT, IndexMemoryError
 from embcore.dynamic.init import _HI, _LO
 from embcore.dynamic.keyspace import Admitted, KeySpace
 
-__all__ = ["Fill", "address_of", "check_eligible", "eligible", "train_many"]
+__all__ = ["Fill", "address_of", "check_eligible", "described_rows", "eligible", "train_many"]
 
 _WIDTH = _HI - _LO  # as default_rows' kernel computes it
 #: the new keys :func:`_grow_ahead` makes room for in an index holding none
 _AHEAD_MIN = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fill:
     """Where a table's new rows go, initialised in the lookup's kernel call.
 
@@ -42,11 +42,50 @@ class Fill:
         salt: :func:`embcore.dynamic.init.table_salt` of the engine's seed and the table.
         slots: ``(array, value)`` per optimizer slot, each ``(capacity, width) float32``
             C-contiguous: the new rows take ``value``.
+        columns, floats: the kernel's descriptor columns ``D_WEIGHT ..`` and floats of these,
+            taken once here (a row storage keeps its ``Fill`` while its buffers stay).
+
+    Raises:
+        ValueError: rows or slots that are not C-contiguous float32 CPU arrays of one height.
     """
 
     weight: object
     salt: int
     slots: tuple[tuple[object, float], ...] = ()
+    columns: np.ndarray = field(init=False, repr=False)
+    floats: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        address, shape, slots, values = described_rows(
+            self.weight, self.slots, "train_many: a Fill"
+        )
+        columns = [address, shape[0], shape[1], np.uint64(self.salt).view(np.int64), *slots]
+        floats = [1.0 / math.sqrt(shape[1]), _LO, _WIDTH, *values]
+        object.__setattr__(self, "columns", np.array(columns, np.int64))
+        object.__setattr__(self, "floats", np.array(floats, np.float64))
+
+
+def described_rows(
+    weight: object, slots: Sequence[tuple[object, float]], what: str
+) -> tuple[int, tuple[int, ...], list[int], list[float]]:
+    """``weight``'s address and shape ``(rows, dim)``, then ``address, width`` of each slot and
+    ``MAX_SLOTS`` pairs in all (zeros after the slots), and each slot's value (``MAX_SLOTS``).
+
+    Raises:
+        ValueError: ``what`` takes C-contiguous float32 CPU rows and slots of one height.
+    """
+    address, shape = address_of(weight)
+    error = ValueError(f"{what} takes C-contiguous float32 CPU rows and slots")
+    if not address or len(shape) != 2 or len(slots) > k.MAX_SLOTS:
+        raise error
+    columns, values = [0] * (2 * k.MAX_SLOTS), [0.0] * k.MAX_SLOTS
+    for s, (slot, value) in enumerate(slots):
+        slot_address, slot_shape = address_of(slot)
+        if not slot_address or not slot_shape or slot_shape[0] != shape[0]:
+            raise error
+        columns[2 * s], columns[2 * s + 1] = slot_address, math.prod(slot_shape[1:])
+        values[s] = float(value)
+    return address, shape, columns, values
 
 
 def eligible(space: KeySpace) -> bool:
@@ -88,61 +127,77 @@ def train_many(
         IndexMemoryError: a table's index or row metadata could not grow; no table changed.
     """
     check_eligible(spaces, "train_many")
-    t_count = len(spaces)
-    desc = np.zeros((t_count, k.COLUMNS), np.int64)
-    floats = np.zeros((t_count, 3 + k.MAX_SLOTS), np.float64)
-    results = np.zeros((t_count, 5), np.int64)
+    queries = [np.ascontiguousarray(q, dtype=np.int64) for q in keys]
+    if len(queries) != len(spaces):
+        raise ValueError(f"train_many: {len(spaces)} key spaces but {len(queries)} key arrays")
+    if not spaces:
+        return []
+    sizes = [q.size for q in queries]
+    desc = np.zeros((len(spaces), k.COLUMNS), np.int64)
+    floats = np.zeros((len(spaces), 3 + k.MAX_SLOTS), np.float64)
+    results = np.zeros((len(spaces), 5), np.int64)
     results[:, k.R_FAILED] = 1  # every table is to be staged
-    outs = []
-    for t, (space, q) in enumerate(zip(spaces, keys, strict=True)):
-        q = np.ascontiguousarray(q, dtype=np.int64)
-        out = tuple(np.empty(q.size, np.int64) for _ in range(5))
-        outs.append((q, *out))
-        d = desc[t]
-        d[k.D_QUERY], d[k.D_N], d[k.D_OUT], d[k.D_BASE] = (
-            q.ctypes.data,
-            q.size,
-            out[0].ctypes.data,
-            base,
-        )
-        d[k.D_NEW_KEYS], d[k.D_NEW_SLOTS] = out[1].ctypes.data, out[2].ctypes.data
-        d[k.D_MULT], d[k.D_NEW_ROWS] = out[3].ctypes.data, out[4].ctypes.data
-        _grow_ahead(space, q.size)
-        _describe_index(d, space)
+    # the outputs of every table in two blocks: the rows, and the scratch of new keys
+    starts = np.cumsum([0, *sizes])
+    out = np.empty(max(1, int(starts[-1])), np.int64)
+    scratch = np.empty((len(_SCRATCH), out.size), np.int64)
+    desc[:, k.D_QUERY] = [q.ctypes.data for q in queries]
+    desc[:, k.D_N], desc[:, k.D_BASE] = sizes, base
+    desc[:, k.D_OUT] = out.ctypes.data + 8 * starts[:-1]
+    for column, row in zip(_SCRATCH, scratch, strict=True):
+        desc[:, column] = row.ctypes.data + 8 * starts[:-1]
+    for space, n in zip(spaces, sizes, strict=True):
+        _grow_ahead(space, n)
+    desc[:, _INDEX] = [_index_columns(space) for space in spaces]
     k.stage_tables(desc, results)
     try:
         while results[:, k.R_FAILED].any():  # an index without room: count, grow, stage again
             for t in np.flatnonzero(results[:, k.R_FAILED]):
                 space = spaces[t]
-                space._index.reserve(space.count_new(outs[t][0]))
-                _describe_index(desc[t], space)
+                space._index.reserve(space.count_new(queries[t]))
+                desc[t, _INDEX] = _index_columns(space)
             k.stage_tables(desc, results)
+        staged = results.tolist()
         for t, space in enumerate(spaces):
             index = space._index
-            top = index.num_rows + max(0, int(results[t, k.R_NEW]) - index.num_free)
-            if top - 1 > np.iinfo(index.row_dtype).max:
+            top = index.num_rows + max(0, staged[t][k.R_NEW] - index.num_free)
+            if top - 1 > ROW_LIMIT[index.row_dtype]:
                 raise IndexMemoryError(
-                    f"table '{space.table}': {len(space)} keys + {int(results[t, k.R_NEW])} new "
+                    f"table '{space.table}': {len(space)} keys + {staged[t][k.R_NEW]} new "
                     f"need row {top - 1}, past the {index.row_dtype} row limit"
                 )
             space.reserve_rows(top)
-            _describe_meta(desc[t], space)
+            if new := staged[t][k.R_NEW]:  # the order pass 2 hands out their rows in
+                a = starts[t]
+                scratch[-1, a : a + new] = np.argsort(scratch[0, a : a + new])
             fill = prepare(t, top) if prepare is not None else None
             if fill is not None:
-                _describe_fill(desc[t], floats[t], fill)
+                desc[t, k.D_WEIGHT :] = fill.columns
+                floats[t] = fill.floats
+        desc[:, _META] = [[*space.addresses()[4:], space._key.size, space.step] for space in spaces]
     except BaseException:
         k.unstage_tables(desc, results)
         raise
     k.finish_tables(desc, floats, results)
     got = []
-    for t, space in enumerate(spaces):
-        index = space._index
-        index._n_free, index._next_row = int(results[t, k.R_N_FREE]), int(results[t, k.R_NEXT_ROW])
-        index._size = int(results[t, k.R_SIZE])
-        q, out, new_keys, _, _, new_rows = outs[t]
-        m = int(results[t, k.R_NEW])
-        got.append(Admitted(out, new_keys[:m], new_rows[:m]))
+    new_keys, _, _, new_rows, _ = scratch
+    ends = starts.tolist()
+    for t, (space, r) in enumerate(zip(spaces, results.tolist(), strict=True)):
+        index, a, b = space._index, ends[t], ends[t + 1]
+        index._n_free, index._next_row = r[k.R_N_FREE], r[k.R_NEXT_ROW]
+        index._size, m = r[k.R_SIZE], r[k.R_NEW]
+        got.append(Admitted(out[a:b], new_keys[a : a + m].copy(), new_rows[a : a + m].copy()))
     return got
+
+
+#: the descriptor columns of the per-key scratch, in the order of their block's rows: the new
+#: keys first, their argsort last
+_SCRATCH = (k.D_NEW_KEYS, k.D_NEW_SLOTS, k.D_MULT, k.D_NEW_ROWS, k.D_ORDER)
+#: the descriptor columns of a key index (:func:`_index_columns`)
+_INDEX = [k.D_CTRL, k.D_KEYS, k.D_ROWS, k.D_FREE, k.D_CAP, k.D_MAX_SIZE, k.D_N_FREE]
+_INDEX += [k.D_NEXT_ROW, k.D_SIZE]
+#: the descriptor columns of the row metadata: its four arrays, their size, the step
+_META = [k.D_KEY, k.D_FREQ, k.D_LAST, k.D_LIVE, k.D_META, k.D_STEP]
 
 
 def _grow_ahead(space: KeySpace, n: int) -> None:
@@ -158,20 +213,11 @@ def _grow_ahead(space: KeySpace, n: int) -> None:
             index.reserve(n)
 
 
-def _describe_index(d: np.ndarray, space: KeySpace) -> None:
+def _index_columns(space: KeySpace) -> list[int]:
+    """The :data:`_INDEX` columns of ``space``'s key index."""
     index = space._index
-    d[k.D_CTRL], d[k.D_KEYS], d[k.D_ROWS] = (
-        index._ctrl.ctypes.data, index._keys.ctypes.data, index._rows.ctypes.data,
-    )  # fmt: skip
-    d[k.D_CAP], d[k.D_MAX_SIZE] = index.capacity, index._max_size()
-    d[k.D_FREE], d[k.D_N_FREE] = index._free.ctypes.data, index._n_free
-    d[k.D_NEXT_ROW], d[k.D_SIZE] = index._next_row, index._size
-
-
-def _describe_meta(d: np.ndarray, space: KeySpace) -> None:
-    d[k.D_KEY], d[k.D_FREQ] = space._key.ctypes.data, space._freq.ctypes.data
-    d[k.D_LAST], d[k.D_LIVE] = space._last.ctypes.data, space._live.ctypes.data
-    d[k.D_META], d[k.D_STEP] = space._key.size, space.step
+    sizes = [index.capacity, index._max_size(), index._n_free, index._next_row, index._size]
+    return space.addresses()[:4] + sizes
 
 
 def address_of(array: object) -> tuple[int, tuple[int, ...]]:
@@ -183,19 +229,3 @@ def address_of(array: object) -> tuple[int, tuple[int, ...]]:
         return 0, ()
     ok = array.dtype == torch.float32 and array.is_contiguous() and array.device.type == "cpu"
     return (array.data_ptr() if ok else 0), tuple(array.shape)
-
-
-def _describe_fill(d: np.ndarray, f: np.ndarray, fill: Fill) -> None:
-    address, shape = address_of(fill.weight)
-    if not address or len(shape) != 2 or len(fill.slots) > k.MAX_SLOTS:
-        raise ValueError("train_many: a Fill takes C-contiguous float32 CPU rows and slots")
-    d[k.D_WEIGHT], d[k.D_BUFFER_ROWS], d[k.D_DIM] = address, shape[0], shape[1]
-    d[k.D_SALT] = np.uint64(fill.salt).view(np.int64)
-    f[0], f[1], f[2] = 1.0 / math.sqrt(shape[1]), _LO, _WIDTH
-    for s, (slot, value) in enumerate(fill.slots):
-        address, slot_shape = address_of(slot)
-        if not address or slot_shape[0] != shape[0]:
-            raise ValueError("train_many: a Fill takes C-contiguous float32 CPU rows and slots")
-        width = int(np.prod(slot_shape[1:])) if len(slot_shape) > 1 else 1
-        d[k.D_SLOTS + 2 * s], d[k.D_SLOTS + 2 * s + 1] = address, width
-        f[3 + s] = value

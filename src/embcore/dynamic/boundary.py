@@ -12,18 +12,18 @@ the two. See docs/dynamic_tables.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from embcore.dynamic import _evict_kernels as k
-from embcore.dynamic.batch import address_of, check_eligible
+from embcore.dynamic.batch import check_eligible, described_rows
 from embcore.dynamic.keyspace import Evicted, KeySpace
 
 __all__ = ["Sink", "end_many"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Sink:
     """A table's sink row, reset at its step boundary: row 0 of ``weight`` to zeros and of
     each slot to its value.
@@ -32,10 +32,22 @@ class Sink:
         weight: ``(rows, dim) float32`` C-contiguous CPU array or tensor.
         slots: ``(array, value)`` per optimizer slot, each ``(rows, width) float32``
             C-contiguous.
+        columns, values: the kernel's descriptor columns ``E_WEIGHT ..`` and slot values of
+            these, taken once here (a row storage keeps its ``Sink`` while its buffers stay).
+
+    Raises:
+        ValueError: rows or slots that are not C-contiguous float32 CPU arrays of one height.
     """
 
     weight: object
     slots: tuple[tuple[object, float], ...] = ()
+    columns: np.ndarray = field(init=False, repr=False)
+    values: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        address, shape, slots, values = described_rows(self.weight, self.slots, "end_many: a Sink")
+        object.__setattr__(self, "columns", np.array([address, shape[1], *slots], np.int64))
+        object.__setattr__(self, "values", np.array(values, np.float64))
 
 
 def end_many(spaces: Sequence[KeySpace], sinks: Sequence[Sink | None] | None = None) -> list:
@@ -58,19 +70,16 @@ def end_many(spaces: Sequence[KeySpace], sinks: Sequence[Sink | None] | None = N
         d[k.E_MAX_ROWS] = -1 if ev.max_rows is None else ev.max_rows
         if d[k.E_TTL] >= 0 or d[k.E_MAX_ROWS] >= 0:
             d[k.E_N], d[k.E_SIZE], d[k.E_STEP] = index.num_rows, len(index), space.step
-            d[k.E_KEY], d[k.E_FREQ] = space._key.ctypes.data, space._freq.ctypes.data
-            d[k.E_LAST], d[k.E_LIVE] = space._last.ctypes.data, space._live.ctypes.data
-            d[k.E_CTRL], d[k.E_KEYS], d[k.E_ROWS] = (
-                index._ctrl.ctypes.data, index._keys.ctypes.data, index._rows.ctypes.data,
-            )  # fmt: skip
-            d[k.E_CAP], d[k.E_FREE], d[k.E_N_FREE] = (
-                index.capacity, index._free.ctypes.data, index._n_free,
-            )  # fmt: skip
+            ctrl, keys, rows, free, key, freq, last, live = space.addresses()
+            d[k.E_KEY], d[k.E_FREQ], d[k.E_LAST], d[k.E_LIVE] = key, freq, last, live
+            d[k.E_CTRL], d[k.E_KEYS], d[k.E_ROWS], d[k.E_FREE] = ctrl, keys, rows, free
+            d[k.E_CAP], d[k.E_N_FREE] = index.capacity, index._n_free
             d[k.E_OUT] = total
             total += index.num_rows
         sink = sinks[t] if sinks is not None else None
         if sink is not None:
-            _describe_sink(d, values[t], sink)
+            d[k.E_WEIGHT :] = sink.columns
+            values[t] = sink.values
     out_keys, out_rows = np.empty(total, np.int64), np.empty(total, np.int64)
     free_out = np.empty(total, np.int32)
     k.end_tables(desc, values, results, out_keys, out_rows, free_out)
@@ -85,17 +94,3 @@ def end_many(spaces: Sequence[KeySpace], sinks: Sequence[Sink | None] | None = N
             index._free = free_out[o : o + index._n_free].copy()
         got.append(Evicted(out_keys[o : o + m], out_rows[o : o + m]))
     return got
-
-
-def _describe_sink(d: np.ndarray, values: np.ndarray, sink: Sink) -> None:
-    address, shape = address_of(sink.weight)
-    if not address or len(shape) != 2 or len(sink.slots) > k.MAX_SLOTS:
-        raise ValueError("end_many: a Sink takes C-contiguous float32 CPU rows and slots")
-    d[k.E_WEIGHT], d[k.E_DIM] = address, shape[1]
-    for s, (slot, value) in enumerate(sink.slots):
-        address, slot_shape = address_of(slot)
-        if not address or not slot_shape:
-            raise ValueError("end_many: a Sink takes C-contiguous float32 CPU rows and slots")
-        width = int(np.prod(slot_shape[1:])) if len(slot_shape) > 1 else 1
-        d[k.E_SLOTS + 2 * s], d[k.E_SLOTS + 2 * s + 1] = address, width
-        values[s] = value

@@ -19,7 +19,7 @@ import numpy as np
 from embcore._numba import threads
 from embcore.dynamic import _kernels
 
-__all__ = ["GROWTH", "MAX_LOAD", "IndexMemoryError", "KeyIndex", "check_keys"]
+__all__ = ["GROWTH", "MAX_LOAD", "ROW_LIMIT", "IndexMemoryError", "KeyIndex", "check_keys"]
 
 #: the table grows when its load (keys / slots) would pass this
 MAX_LOAD = 0.85
@@ -27,6 +27,8 @@ MAX_LOAD = 0.85
 GROWTH = 1.5
 _MIN_SLOTS = 16
 _MAX_SLOTS = (1 << 32) - 1  # the home slot is computed from 32 hash bits
+#: the largest row number of each row dtype (``np.iinfo`` is slow for a per-lookup check)
+ROW_LIMIT = {np.dtype(np.int32): (1 << 31) - 1, np.dtype(np.int64): (1 << 63) - 1}
 
 
 class IndexMemoryError(MemoryError):
@@ -156,7 +158,7 @@ class KeyIndex:
         rows = np.empty(keys.size, np.int64)
         new = np.empty(keys.size, np.bool_)
         saved = (self._n_free, self._next_row, self._size)
-        limit = int(np.iinfo(self.row_dtype).max)
+        limit = ROW_LIMIT[self.row_dtype]
         done = 0
         while True:
             done, self._n_free, self._next_row, self._size = _kernels.insert(
@@ -185,6 +187,13 @@ class KeyIndex:
         nothing. Raises :class:`IndexMemoryError` (index unchanged) if it cannot."""
         if not self._fits(new_keys):
             self._reserve(new_keys)
+
+    def write_empty(self) -> None:
+        """Write zeros into every empty slot's key and row, so that their pages are mapped now
+        (a capacity reserved up front), not by the inserts that take them. Changes no entry."""
+        empty = self._ctrl == 0
+        np.copyto(self._keys, 0, where=empty)
+        np.copyto(self._rows, 0, where=empty)
 
     def fits(self, new_keys: int) -> bool:
         """Whether inserting ``new_keys`` more keys allocates nothing."""
@@ -244,13 +253,13 @@ class KeyIndex:
         fresh_rows = max(0, new_keys - self._n_free)
         return (
             self._size + new_keys <= self._max_size()
-            and self._next_row + fresh_rows - 1 <= np.iinfo(self.row_dtype).max
+            and self._next_row + fresh_rows - 1 <= ROW_LIMIT[self.row_dtype]
         )
 
     def _reserve(self, new_keys: int) -> None:
         """Make room for ``new_keys`` more keys (slots and row numbers), or raise unchanged."""
         fresh_rows = max(0, new_keys - self._n_free)
-        limit = np.iinfo(self.row_dtype).max
+        limit = ROW_LIMIT[self.row_dtype]
         if self._next_row + fresh_rows - 1 > limit:
             raise IndexMemoryError(
                 f"table '{self.table}': {self._size} keys + {new_keys} new need row "

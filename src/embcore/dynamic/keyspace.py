@@ -16,6 +16,8 @@ docs/dynamic_tables.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import is_not
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +90,8 @@ class KeySpace:
         self._pending = (
             PendingCounts(table, exact_pending) if self.admission.min_count > 1 else None
         )
+        #: the arrays :meth:`addresses` last described and their addresses
+        self._described: tuple[tuple[np.ndarray, ...], list[int]] | None = None
 
     def __len__(self) -> int:
         """Keys holding a row."""
@@ -102,6 +106,26 @@ class KeySpace:
     def num_free(self) -> int:
         """Rows freed by eviction, which new keys take before new rows are added."""
         return self._index.num_free
+
+    def addresses(self) -> list[int]:
+        """The data addresses of the index's ``ctrl``, ``keys``, ``rows`` and ``free`` arrays
+        and of the row metadata ``key``, ``freq``, ``last``, ``live``, for the kernels that
+        take every table of a step (:mod:`.batch`, :mod:`.boundary`): taken again only for
+        an array replaced since (growth, eviction), as each costs a microsecond."""
+        index = self._index
+        arrays = (index._ctrl, index._keys, index._rows, index._free)
+        arrays += (self._key, self._freq, self._last, self._live)
+        held = self._described
+        if held is None:
+            self._described = arrays, [a.ctypes.data for a in arrays]
+        elif any(map(is_not, arrays, held[0])):
+            was = zip(arrays, *held, strict=True)
+            self._described = arrays, [x if a is h else a.ctypes.data for a, h, x in was]
+        return self._described[1]  # type: ignore[index]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the described addresses: a copy has arrays of its own."""
+        return self.__dict__ | {"_described": None}
 
     @property
     def pending(self) -> PendingCounts | None:
@@ -169,12 +193,30 @@ class KeySpace:
         meta = [self._grown(a, top) for a in (self._key, self._freq, self._last, self._live)]
         self._key, self._freq, self._last, self._live = meta
 
+    def hold(self, keys: int) -> None:
+        """Room for ``keys`` keys in all (a table's ``initial_capacity``): index slots and row
+        metadata allocated now and their unused parts written (zeros), so that lookups pay
+        neither growth nor first touches of memory until the table holds that many keys.
+        Changes no key, row or count.
+
+        Raises:
+            IndexMemoryError: the memory cannot be had; nothing was changed.
+        """
+        if keys <= 0:
+            return
+        self.reserve(max(0, keys - len(self)))
+        self._index.write_empty()
+        for array in (self._key, self._freq, self._last, self._live):
+            array[self._index.num_rows :] = 0
+
     def reserve_rows(self, rows: int) -> None:
         """Room in the row metadata for ``rows`` rows (handed out, held or free).
 
         Raises:
             IndexMemoryError: the memory cannot be had; nothing was changed.
         """
+        if rows <= self._key.size:
+            return
         meta = [self._grown(a, rows) for a in (self._key, self._freq, self._last, self._live)]
         self._key, self._freq, self._last, self._live = meta
 

@@ -10,7 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["lazy_zeros"]
+from embcore.config import ResolvedTable
+
+__all__ = ["keyed_buffers", "lazy_zeros"]
 
 #: CPU buffers from this size on are anonymous mappings (lazily zero, whatever malloc's
 #: thresholds)
@@ -36,3 +38,17 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
             raise MemoryError(f"could not map {nbytes} bytes: {e}") from e
         raw = np.frombuffer(block, np.uint8)
     return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+def keyed_buffers(
+    table: ResolvedTable, size: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, Tensor]:
+    """A keyed table's ``weight`` (zeros) and every slot of ``size`` rows: the sink (row 0)
+    holds the slot's initial value, the other rows zeros until a key takes them (new rows are
+    initialised then), so that fresh CPU buffers stay untouched pages until used."""
+    out = {"weight": lazy_zeros((size, table.dim), dtype, device)}
+    opt = table.optimizer
+    for spec in opt.slot_specs() if opt else ():
+        out[spec.name] = lazy_zeros(spec.shape(size, table.dim), torch.float32, device)
+        out[spec.name][0].fill_(spec.initial_value)
+    return out

@@ -44,6 +44,7 @@ from embcore.dynamic.init import new_rows
 from embcore.dynamic.keyspace import KeySpace
 from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
+from embcore.rows._capacity import check_room, hint_of
 from embcore.rows._contract import Records, RowEnv, whole_tensor_error
 from embcore.rows._key_shard import KeyShard
 from embcore.rows._mapped import split_mapped
@@ -83,12 +84,15 @@ class DiskKeyedRows(KeyShard, nn.Module):
         shard: one key shard of a sharded table, in this rank's directory: it evicts by
             ``steps_to_live`` itself, while the table's ``max_rows`` is chosen over every
             shard (as :class:`~embcore.rows.keyed.KeyedRows`).
+        shards: the table's key shards (its ``initial_capacity`` is shared among them).
     """
 
     kind: ClassVar[str] = "disk_keyed"
     records: ClassVar[Records] = "keyed"
 
-    def __init__(self, table: ResolvedTable, env: RowEnv, shard: bool = False, **part: Any) -> None:
+    def __init__(
+        self, table: ResolvedTable, env: RowEnv, shard: bool = False, shards: int = 1, **part: Any
+    ) -> None:
         super().__init__()
         if part or env.device.type != "cpu" or env.storage_dtype != torch.float32:
             raise ValueError(
@@ -101,6 +105,11 @@ class DiskKeyedRows(KeyShard, nn.Module):
         self.steps_to_live = (cfg.eviction or Eviction()).steps_to_live
         self._eviction = Eviction(steps_to_live=self.steps_to_live) if shard else cfg.eviction
         self.space = KeySpace(table.name, cfg.admission, self._eviction)
+        #: ``initial_capacity`` (this shard's part) held by the key space (rows are on disk)
+        self._hint = hint_of(table, shards)
+        if self._hint:
+            check_room(table, self._hint, 0)
+            self.space.hold(self._hint)
         storage = rank_storage(table.storage, env.rank, sharded=shard)
         self.disk = KeyedDiskTable(table, storage, env.seed, storage.cache_bytes)
         #: a key shard's last training lookup: its new keys (ascending) and their rows
@@ -402,6 +411,7 @@ class DiskKeyedRows(KeyShard, nn.Module):
             if k not in row_shapes(self.table)
         }
         space = KeySpace.from_state(name, arrays, cfg.admission, self._eviction)
+        space.hold(self._hint)
         values = {k: torch.as_tensor(state[k]) for k in row_shapes(self.table)}
         with self._lock:
             try:

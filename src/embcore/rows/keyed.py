@@ -32,11 +32,12 @@ from embcore.dynamic.init import new_rows, table_salt
 from embcore.dynamic.keyspace import KeySpace
 from embcore.dynamic.policy import Eviction
 from embcore.inputs import FeatureBatch
+from embcore.rows._capacity import check_room, hint_of
 from embcore.rows._contract import Records, RowEnv, whole_tensor_error
 from embcore.rows._key_shard import KeyShard
 from embcore.rows._mapped import split_mapped
 from embcore.rows._module import RowModule
-from embcore.rows._zeros import lazy_zeros as _zeros
+from embcore.rows._zeros import keyed_buffers as _buffers
 
 __all__ = ["SINK", "KeyedRows"]
 
@@ -61,16 +62,20 @@ class KeyedRows(KeyShard, RowModule):
         shard: one key shard of a sharded table (:class:`~embcore.rows._key_shard.KeyShard`
             has the owner's side of ``key_hash``): it evicts by ``steps_to_live`` itself,
             while the table's ``max_rows`` is chosen over every shard.
+        shards: the table's key shards (its ``initial_capacity`` is shared among them).
 
     Raises:
         ValueError: the optimizer has a ``slot_variable_creation_fn`` (new rows take the
             slots' initial values).
+        IndexMemoryError: the table's ``initial_capacity`` cannot be had.
     """
 
     kind: ClassVar[str] = "keyed"
     records: ClassVar[Records] = "keyed"
 
-    def __init__(self, table: ResolvedTable, env: RowEnv, shard: bool = False) -> None:
+    def __init__(
+        self, table: ResolvedTable, env: RowEnv, shard: bool = False, shards: int = 1
+    ) -> None:
         super().__init__(table, env.stochastic_rounding)
         if table.optimizer is not None and table.optimizer.slot_variable_creation_fn:
             raise ValueError(
@@ -97,7 +102,11 @@ class KeyedRows(KeyShard, RowModule):
         # the sink if known), oldest first: updates come in the order of their lookups (a
         # batch object may be looked up more than once)
         self._trained: deque[tuple[FeatureBatch, FeatureBatch, int, int | None]] = deque()
-        self._salt: int | None = None  # the default initializer's, once computed
+        #: :meth:`sink` and :meth:`fill`, and the :meth:`state` they were taken for
+        self._described: tuple[object, tuple[Sink | None, Fill | None]] | None = None
+        #: the keys reserved up front (``initial_capacity``, this shard's part), 0 for none
+        self._hint = hint_of(table, shards)
+        self._hold()
 
     @property
     def flush_before_training_lookup(self) -> bool:
@@ -128,24 +137,29 @@ class KeyedRows(KeyShard, RowModule):
 
     def fill(self) -> Fill | None:
         """Where that kernel call writes this table's new rows: with the default initializer
-        into float32 rows and slots, else ``None`` (:meth:`_initialise` then)."""
-        sink = self.sink() if self.table.config.initializer is None else None
-        if sink is None:
-            return None
-        if self._salt is None:
-            self._salt = table_salt(self.seed, self.table.name)
-        return Fill(sink.weight, self._salt, sink.slots)
+        into float32 rows and slots, else ``None`` (:meth:`_initialise` then). Kept while the
+        buffers stay (:meth:`state`'s cache), with the sink."""
+        return self._sink_and_fill()[1]
 
     def sink(self) -> Sink | None:
         """The float32 weight and slots with their initial slot values, whose sink rows the
         step boundary's kernel call resets (:func:`embcore.dynamic.boundary.end_many`);
         ``None`` for other dtypes (:meth:`end_step` resets them)."""
-        if self._dtype != torch.float32:
-            return None
+        return self._sink_and_fill()[0]
+
+    def _sink_and_fill(self) -> tuple[Sink | None, Fill | None]:
+        state = self.state()  # a new object whenever a buffer was replaced
+        if self._described is not None and self._described[0] is state:
+            return self._described[1]
         slots = tuple((self.tensor(n), v) for n, v in self._slot_init.items())
-        if any(t.dtype != torch.float32 for t, _ in slots):
-            return None
-        return Sink(self.tensor("weight"), slots)
+        sink = fill = None
+        tensors = (self.tensor("weight"), *(t for t, _ in slots))
+        if all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
+            sink = Sink(self.tensor("weight"), slots)
+            if self.table.config.initializer is None:
+                fill = Fill(sink.weight, table_salt(self.seed, self.table.name), sink.slots)
+        self._described = state, (sink, fill)
+        return sink, fill
 
     def _trained_as(
         self, batches: Sequence[FeatureBatch], out: list[FeatureBatch], sinks: int | None
@@ -307,6 +321,22 @@ class KeyedRows(KeyShard, RowModule):
         self._spare = fresh
         self.space = space
         self._trained.clear()
+        self._hold()
+
+    def _hold(self) -> None:
+        """Room for the ``initial_capacity`` keys in the key space, rows and slots, their
+        unused rows written (zeros) now: no growth and no first touch of memory in the steps
+        until the table holds that many keys (docs/dynamic_tables.md)."""
+        if not self._hint:
+            return
+        per_row = self.tensor("weight")[0].nbytes
+        per_row += sum(self.tensor(n)[0].nbytes for n in self._slot_init)
+        check_room(self.table, self._hint - len(self.space), per_row)
+        self.space.hold(self._hint)
+        self._reserve(self._hint)
+        used = 1 + self.space.num_rows  # the sink and the rows handed out keep their values
+        for name in ("weight", *self._slot_init):
+            self.tensor(name)[used:].zero_()
 
     # ------------------------------------------------------------------ internals
     def _compact(self) -> None:
@@ -324,8 +354,8 @@ class KeyedRows(KeyShard, RowModule):
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict[str, Any]:
-        self._compact()
-        return super().__getstate__()
+        self._compact()  # (a copy describes its own buffers)
+        return super().__getstate__() | {"_described": None}
 
     @property
     def _device(self) -> torch.device:
@@ -417,17 +447,3 @@ def _keys_of(batches: Sequence[FeatureBatch]) -> np.ndarray:
     if len(keys) == 1:
         return keys[0]
     return np.concatenate(keys) if keys else np.zeros(0, np.int64)
-
-
-def _buffers(
-    table: ResolvedTable, size: int, device: torch.device, dtype: torch.dtype
-) -> dict[str, Tensor]:
-    """``weight`` (zeros) and every slot of ``size`` rows: the sink (row 0) holds the slot's
-    initial value, the other rows zeros until a key takes them (new rows are initialised
-    then), so that fresh CPU buffers stay untouched pages until used."""
-    out = {"weight": _zeros((size, table.dim), dtype, device)}
-    opt = table.optimizer
-    for spec in opt.slot_specs() if opt else ():
-        out[spec.name] = _zeros(spec.shape(size, table.dim), torch.float32, device)
-        out[spec.name][SINK].fill_(spec.initial_value)
-    return out

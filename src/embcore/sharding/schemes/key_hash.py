@@ -153,7 +153,8 @@ class KeyHash(KeyViews, Scheme):
         self.rows: KeyedRows | None = None  # type: ignore[assignment]
         if self.rank in self.owner:  # keyed rows load the index kernels: only if used
             row_env = RowEnv(env.seed, env.device, rank=self.rank)  # a disk shard's directory
-            self.rows = make_rows(table, row_env, shard=True)  # type: ignore[assignment]
+            rows = make_rows(table, row_env, shard=True, shards=self.num_shards)
+            self.rows = rows  # type: ignore[assignment]
         eviction = table.config.eviction
         self.max_rows: int | None = eviction.max_rows if eviction is not None else None
         self.flush_before_training_lookup = eviction is not None and eviction.evicts
