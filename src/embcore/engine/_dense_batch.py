@@ -92,12 +92,11 @@ def dense_batches(
             return None
         sources += (x.data_ptr(), x.stride()[0])
     samples = shape[0]
-    values = torch.empty((len(ids), samples), dtype=torch.int64)  # the batches' own copy
-    if (
-        copy_checked_ids(np.array(sources, np.int64).reshape(-1, 2), plan.limits, values.numpy())
-        >= 0
-    ):
+    block = np.empty((len(ids), samples), dtype=np.int64)  # the batches' own copy
+    sources_table = np.array(sources, dtype=np.int64).reshape(-1, 2)
+    if copy_checked_ids(sources_table, plan.limits, block) >= 0:
         return None  # the per-feature path raises, naming the feature and the id
+    values = torch.from_numpy(block)
     offsets, output_shape = _one_per_sample(samples), (samples,)
     return [
         FeatureBatch(v, offsets, None, combiner, output_shape)
