@@ -3,6 +3,8 @@ batches as the per-feature conversion, owned, and the same errors."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -160,3 +162,13 @@ def test_ids_whose_memory_is_not_their_values_are_read_by_value() -> None:
     batch["f1"] = torch._neg_view(batch["f1"] + 1)  # in range in memory, negative as values
     with pytest.raises(ValueError, match=r"feature 'f1': id -\d+ at position 0"):
         engine.prepare(batch)
+
+
+def test_a_copied_engine_converts_together() -> None:
+    engine, batch = make_engine(), inputs()
+    copy = pickle.loads(pickle.dumps(engine))
+    del copy.__dict__["_dense_plan"]  # as in a pickle of a version without it
+    copy = pickle.loads(pickle.dumps(copy))
+    prepared = copy.prepare(batch).batches
+    assert shares_one_copy(prepared)
+    assert_same(list(prepared), per_feature(engine, batch))

@@ -154,6 +154,7 @@ class EmbeddingEngine(
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         attach_ops(self)  # a copy (deepcopy, pickle) gets its own operator handle
+        self._dense_plan = dense_plan(self._features, self._tables)  # also for older pickles
 
     # ------------------------------------------------------------------------ properties
     @property
