@@ -3,64 +3,102 @@
 The common raw input of a recommendation model is one ``(B,) int64`` tensor of ids per
 feature. :func:`~embcore.inputs.to_feature_batch` converts each on its own (checks, a range
 check, a copy: about 20 us of tensor calls and Python per feature); :func:`dense_batches`
-gives the same batches for all of them with one copy and one range check, and hands every
-other input (and any bad one, so that its error names the feature) to the per-feature path.
+gives the same batches for all of them with one kernel call that copies every id into one
+``(F, B)`` block and range-checks it on the way (:func:`embcore._numba.ids.copy_checked_ids`),
+and hands every other input (and any bad one, so that its error names the feature) to the
+per-feature path. What depends only on the engine's features is worked out once
+(:func:`dense_plan`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from embcore._numba.ids import copy_checked_ids
 from embcore.config import ResolvedFeature, ResolvedTable
 from embcore.inputs import FeatureBatch, _one_per_sample
 
-__all__ = ["dense_batches"]
+__all__ = ["DensePlan", "dense_batches", "dense_plan"]
 
 
-def dense_batches(
-    features: Sequence[ResolvedFeature],
-    tables: Sequence[ResolvedTable],
-    ids: Sequence[Any],
-    device: torch.device,
-) -> list[FeatureBatch] | None:
-    """What ``to_feature_batch`` gives each feature, where every input is a ``(B,) int64``
-    CPU tensor of ids in range for a pooled feature of a fixed-size table without
-    ``safe_lookup`` or an output shape of its own, for a CPU engine; else ``None``.
+@dataclass(frozen=True, eq=False)
+class DensePlan:
+    """What the joint conversion needs of an engine's features (they never change).
 
-    The batches' ids are rows of one ``(F, B)`` copy of the inputs (so, as on the per-feature
-    path, none is a view of the caller's tensors); they share the offsets ``arange(B + 1)``.
+    Attributes:
+        limits: ``(F,) int64``: each feature's table's vocabulary size (ids must be below it).
+        combiners: each feature's table's combiner.
     """
-    if device.type != "cpu" or len(ids) < 2 or not isinstance(ids[0], Tensor):
+
+    limits: np.ndarray
+    combiners: tuple[str, ...]
+
+
+def dense_plan(
+    features: Sequence[ResolvedFeature], tables: Sequence[ResolvedTable]
+) -> DensePlan | None:
+    """The plan for engines of at least two features, each a pooled feature of a fixed-size
+    table without ``safe_lookup`` or an output shape of its own; else ``None`` (their one-id
+    inputs are converted feature by feature)."""
+    if len(features) < 2:
         return None
-    samples = ids[0].shape[0] if ids[0].dim() == 1 else -1
-    vocab = []
-    for f, x in zip(features, ids, strict=True):
+    for f in features:
         table = tables[f.table]
         if (
-            not isinstance(x, Tensor)
-            or x.layout != torch.strided
-            or x.dtype != torch.int64
-            or not x.is_cpu
-            or x.dim() != 1
-            or x.shape[0] != samples
-            or f.config.max_sequence_length > 0
+            f.config.max_sequence_length > 0
             or f.config.output_shape is not None
             or table.vocabulary_size is None
             or table.config.safe_lookup
         ):
             return None
-        vocab.append(table.vocabulary_size)
-    values = torch.stack(list(ids))  # (F, B): the batches' own copy
-    if samples:
-        low, high = torch.aminmax(values, dim=1)
-        if bool(low.min() < 0) or bool((high >= torch.tensor(vocab)).any()):
-            return None  # the per-feature path raises, naming the feature and the id
-    offsets = _one_per_sample(samples)
+    limits = np.array([tables[f.table].vocabulary_size for f in features], dtype=np.int64)
+    return DensePlan(limits, tuple(tables[f.table].combiner for f in features))
+
+
+def dense_batches(
+    plan: DensePlan | None, ids: Sequence[Any], device: torch.device
+) -> list[FeatureBatch] | None:
+    """What ``to_feature_batch`` gives each feature, where every input is a ``(B,) int64``
+    CPU tensor (any stride) of ids in range, for a CPU engine with a ``plan``; else ``None``.
+
+    The batches' ids are rows of one ``(F, B)`` copy of the inputs (so, as on the per-feature
+    path, none is a view of the caller's tensors); they share the offsets ``arange(B + 1)``.
+    """
+    if plan is None or device.type != "cpu" or len(ids) != len(plan.limits):
+        return None
+    first = ids[0]
+    if type(first) is not Tensor:
+        return None
+    shape = first.shape
+    if len(shape) != 1:
+        return None
+    strided, int64 = torch.strided, torch.int64
+    sources: list[int] = []  # per feature: the address of its ids, their stride
+    for x in ids:  # plain strided int64 CPU tensors of one shape, whose memory holds their ids
+        if (
+            type(x) is not Tensor
+            or x.layout is not strided
+            or x.dtype is not int64
+            or not x.is_cpu
+            or x.shape != shape
+            or x.is_neg()
+        ):
+            return None
+        sources += (x.data_ptr(), x.stride()[0])
+    samples = shape[0]
+    block = np.empty((len(ids), samples), dtype=np.int64)  # the batches' own copy
+    sources_table = np.array(sources, dtype=np.int64).reshape(-1, 2)
+    if copy_checked_ids(sources_table, plan.limits, block) >= 0:
+        return None  # the per-feature path raises, naming the feature and the id
+    values = torch.from_numpy(block)
+    offsets, output_shape = _one_per_sample(samples), (samples,)
     return [
-        FeatureBatch(values[i], offsets, None, tables[f.table].combiner, (samples,))
-        for i, f in enumerate(features)
+        FeatureBatch(v, offsets, None, combiner, output_shape)
+        for v, combiner in zip(values.unbind(0), plan.combiners, strict=True)
     ]

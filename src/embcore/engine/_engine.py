@@ -28,7 +28,7 @@ from embcore.engine._autograd import LookupWithUpdate, StackedLookupWithUpdate
 from embcore.engine._batch import PreparedBatch, is_feature, stacked_shape
 from embcore.engine._closing import Closing
 from embcore.engine._compiled import attach_ops, compiled_lookup
-from embcore.engine._dense_batch import dense_batches
+from embcore.engine._dense_batch import dense_batches, dense_plan
 from embcore.engine._dynamic import DynamicTablesAPI
 from embcore.engine._enqueue import EnqueueDequeue, Pending
 from embcore.engine._gradients import UpdatePath, check_gradients, check_policy
@@ -121,6 +121,7 @@ class EmbeddingEngine(
     ) -> None:
         super().__init__()
         self._features, self._tables = resolve(feature_config, optimizer, storage)
+        self._dense_plan = dense_plan(self._features, self._tables)  # one-id inputs at once
         self._structure = feature_config
         self.seed = check_int("EmbeddingEngine", "seed", seed, minimum=0)
         device = torch.device("cpu" if device is None else device)
@@ -153,6 +154,7 @@ class EmbeddingEngine(
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         attach_ops(self)  # a copy (deepcopy, pickle) gets its own operator handle
+        self._dense_plan = dense_plan(self._features, self._tables)  # also for older pickles
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -235,11 +237,7 @@ class EmbeddingEngine(
                 self._structure, weights, "weights", is_leaf=is_feature, missing_ok=True
             )
         device = self.device
-        batches = (
-            None
-            if weights is not None
-            else dense_batches(self._features, self._tables, ids, device)
-        )
+        batches = None if weights is not None else dense_batches(self._dense_plan, ids, device)
         if batches is None:  # any input but one-id dense ids, and every bad input
             batches = [
                 to_feature_batch(f, self._tables[f.table], x, w, device)
