@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from embcore._one_per_sample import one_per_sample
 from embcore.config import ResolvedFeature, ResolvedTable
-from embcore.inputs import FeatureBatch, _one_per_sample
+from embcore.inputs import FeatureBatch
 
 __all__ = ["dense_batches"]
 
@@ -59,7 +60,7 @@ def dense_batches(
         low, high = torch.aminmax(values, dim=1)
         if bool(low.min() < 0) or bool((high >= torch.tensor(vocab)).any()):
             return None  # the per-feature path raises, naming the feature and the id
-    offsets = _one_per_sample(samples)
+    offsets = one_per_sample(samples)
     return [
         FeatureBatch(values[i], offsets, None, tables[f.table].combiner, (samples,))
         for i, f in enumerate(features)
