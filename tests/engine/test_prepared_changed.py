@@ -10,7 +10,9 @@ backward, with tables, slots, step and dynamic keys as they were; the engine sta
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -170,3 +172,26 @@ def test_shared_one_id_offsets_changed_in_place_are_never_handed_out_again() -> 
     assert again.batches[0].offsets.tolist() == [0, 1, 2, 3]
     with torch.no_grad():
         assert_allclose(engine(again)["f"].numpy(), table[[1, 2, 3]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("style", ["forward", "stacked", "enqueue"])
+def test_a_prepared_batch_put_together_by_hand_is_refused(style: str) -> None:
+    """New tensors (an id edited out of place) in a PreparedBatch built by hand were never
+    checked: the eager path refuses it, as it does one of a copy of the engine."""
+    engine = _engine()
+    features, weights = _inputs()
+    good = engine.prepare(features, weights)
+    bad = list(good.batches)
+    bad[0] = replace(bad[0], values=bad[0].values.clone().index_fill_(0, torch.tensor([1]), -4))
+    before = _snapshot(engine)
+    forged = ec.PreparedBatch(tuple(bad), id(engine))
+    with pytest.raises(ValueError, match=r"PreparedBatch was not made by this engine's prepare"):
+        _use(engine, forged, style, lambda p: None)
+    with pytest.raises(ValueError, match=r"not made by this engine's prepare"):  # not even same
+        _use(engine, ec.PreparedBatch(good.batches, id(engine)), style, lambda p: None)
+    _assert_unchanged(engine, before)
+    assert engine._pending is None
+    with pytest.raises(ValueError, match="prepared by another engine"):
+        copy.deepcopy(engine)(good)
+    engine(good)["f"].sum().backward()
+    assert engine.step == 1

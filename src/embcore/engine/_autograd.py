@@ -31,7 +31,7 @@ def _apply_once(
         )
     engine: Any = ctx.engine
     if ctx.prepared is not None:  # changed in place since the lookup? (nothing is updated)
-        ctx.prepared.check_unchanged(engine._features, "backward")
+        ctx.prepared.check_unchanged(engine._ops, engine._features, "backward")
     shaped = (
         grads
         if checked

@@ -45,6 +45,7 @@ class PreparedBatch:
     _tensors: tuple[Tensor, ...] = field(init=False, repr=False)
     _where: tuple[tuple[int, str], ...] = field(init=False, repr=False)
     _versions: tuple[int, ...] = field(init=False, repr=False)
+    _owner: object = field(default=None, init=False, repr=False)  # see seal()
 
     def __post_init__(self) -> None:
         held = [
@@ -59,14 +60,29 @@ class PreparedBatch:
         # (an inference tensor has no version counter: EmbeddingEngine.prepare makes none)
         object.__setattr__(self, "_versions", tuple(map(_VERSION, tensors)))
 
-    def check_unchanged(self, features: Sequence[ResolvedFeature], caller: str) -> None:
-        """Raise unless every tensor is as it was prepared (a few microseconds: one read of
-        each version counter).
+    def seal(self, owner: object) -> PreparedBatch:
+        """Mark the batch as checked by ``owner`` (the engine's ``prepare``, which alone calls
+        this): a PreparedBatch put together by hand was never checked."""
+        object.__setattr__(self, "_owner", owner)
+        return self
+
+    def check_unchanged(
+        self, owner: object, features: Sequence[ResolvedFeature], caller: str
+    ) -> None:
+        """Raise unless ``owner`` sealed this batch and every tensor is as it was prepared (a
+        few microseconds: one read of each version counter).
 
         Raises:
-            ValueError: a tensor was changed in place after ``prepare`` (naming the features
-                and the tensors); nothing was read or written.
+            ValueError: the batch was not made by ``prepare``, or a tensor was changed in
+                place after it (naming the features and the tensors); nothing was read or
+                written.
         """
+        if self._owner is not owner:
+            raise ValueError(
+                f"EmbeddingEngine.{caller}: this PreparedBatch was not made by this engine's "
+                "prepare() (one put together by hand was never checked); pass the inputs to "
+                "prepare()"
+            )
         now = tuple(map(_VERSION, self._tensors))
         if now == self._versions:
             return

@@ -267,7 +267,7 @@ class EmbeddingEngine(
         if prefetch is not None:
             prefetch(self._by_table(list(batches)))
         self._ops.prepared(batches)  # valid: the operators need not check it again
-        return PreparedBatch(batches, id(self))
+        return PreparedBatch(batches, id(self)).seal(self._ops)
 
     def _batches(self, features: Any, weights: Any, caller: str) -> list[FeatureBatch]:
         """A batch's converted features: ``features`` converted now, or a PreparedBatch of this
@@ -278,7 +278,7 @@ class EmbeddingEngine(
             raise ValueError("EmbeddingEngine: this PreparedBatch was prepared by another engine")
         if weights is not None:
             raise ValueError("EmbeddingEngine: pass weights to prepare(), not with a PreparedBatch")
-        features.check_unchanged(self._features, caller)
+        features.check_unchanged(self._ops, self._features, caller)
         return list(features.batches)
 
     def _by_table(self, flat: list[Any]) -> list[list[Any]]:

@@ -35,6 +35,7 @@ class EnqueueDequeue:
 
     _pending: Pending | None
     _features: Any
+    _ops: Any
 
     def enqueue(self, features: Any, weights: Any = None, training: bool = True) -> None:
         """Validate and convert a batch for the next :meth:`dequeue`.
@@ -130,7 +131,7 @@ class EnqueueDequeue:
         if pending.prepared is None:
             return
         try:
-            pending.prepared.check_unchanged(self._features, caller)
+            pending.prepared.check_unchanged(self._ops, self._features, caller)
         except ValueError:
             self._pending = None
             raise
