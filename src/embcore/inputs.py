@@ -27,7 +27,6 @@ conversion returns (docs/reliability.md).
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from embcore._input_checks import (
     check_splits,
     check_weights,
 )
+from embcore._one_per_sample import one_per_sample
 from embcore.config import ResolvedFeature, ResolvedTable
 
 __all__ = ["FeatureBatch", "RaggedIds", "to_feature_batch"]
@@ -262,15 +262,7 @@ def _from_dense(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:
         )
     values = check_ids(name, ids.cpu(), "ids").reshape(-1)
     shape = tuple(ids.shape) if ids.dim() == 1 else tuple(ids.shape[:-1])
-    return values, _one_per_sample(values.numel()), None, shape, False
-
-
-@functools.lru_cache(maxsize=8)
-def _one_per_sample(samples: int) -> Tensor:
-    """``arange(samples + 1)``, the offsets of one id per sample: one tensor for every batch of
-    that size (nothing writes offsets in place), a normal tensor even under inference mode."""
-    with torch.inference_mode(False):
-        return torch.arange(samples + 1, dtype=torch.int64)
+    return values, one_per_sample(values.numel()), None, shape, False
 
 
 def _from_sparse(feature: ResolvedFeature, ids: Tensor, weights: Any) -> tuple:

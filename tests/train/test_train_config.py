@@ -88,6 +88,15 @@ def test_differences_lists_changed_keys() -> None:
         ("optim.embedding_lr=-0.5", r"\[optim\] embedding_lr must be a number > 0, got -0\.5"),
         ("data.zipf_a=-inf", r"\[data\] zipf_a must be a finite number"),
         ("data.bad_rows=ignore", r"\[data\] bad_rows must be one of \['raise', 'skip'\]"),
+        (
+            "model.initial_capacity=-1",
+            r"\[model\] initial_capacity must be an int >= 0 \(0: none\), got -1",
+        ),
+        (
+            "model.initial_capacity=1000",
+            r"\[model\] initial_capacity = 1000 reserves keys of dynamic tables, but tables = "
+            r'"fixed"; set tables = "dynamic" or leave initial_capacity at 0',
+        ),
     ],
 )
 def test_values_that_pass_type_checks_but_cannot_work(override: str, message: str) -> None:
@@ -109,6 +118,20 @@ def test_sizes_this_machine_cannot_hold_are_refused_up_front(override: str, key:
     with pytest.raises(UserError, match=rf"{key}.*more than this machine's 8\.0 GiB"):
         check_resources(config, memory=8 << 30)
     check_resources(Config(), memory=8 << 30)  # the defaults fit in 8 GiB
+
+
+def test_initial_capacity_is_an_int_for_dynamic_tables_that_fits_this_machine() -> None:
+    with pytest.raises(UserError, match=r"\[model\] initial_capacity must be an integer, got 1\.5"):
+        load_config(None, ['model.tables="dynamic"', "model.initial_capacity=1.5"])
+    config = load_config(None, ['model.tables="dynamic"', "model.initial_capacity=100000"])
+    assert config.model.initial_capacity == 100_000
+    assert Config().model.initial_capacity == 0  # none by default
+    check_resources(config, memory=8 << 30)
+    huge = config.with_overrides(["model.initial_capacity=10000000000"])
+    with pytest.raises(UserError, match=r"\[model\] initial_capacity.*more than this machine"):
+        check_resources(huge, memory=8 << 30)
+    with pytest.raises(UserError, match=r"\[model\] initial_capacity"):  # its keys alone
+        check_resources(huge.with_overrides(['model.storage="disk"']), memory=8 << 30)
 
 
 def test_an_empty_config_file_is_refused(tmp_path: Path) -> None:

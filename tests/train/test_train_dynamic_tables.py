@@ -94,3 +94,28 @@ def test_a_dynamic_run_exports_and_serves_its_scores(tiny: Config, capsys) -> No
         assert main(args) == 0
         assert f"AUC {result.final['auc']:.4f}" in capsys.readouterr().out
         np.testing.assert_allclose(np.load(scores), evaluate(result.model, eval_set), atol=1e-5)
+
+
+def test_initial_capacity_reaches_every_table_and_changes_no_result(
+    tiny: Config, tmp_path: Path
+) -> None:
+    """``model.initial_capacity`` reserves keys in each dynamic table (fewer than a table
+    gets, so it also grows past them); losses, rows and checkpoints are those without."""
+    base = tiny.with_overrides([*DYNAMIC, "model.max_rows=60", "model.steps_to_live=5"])
+    plain = train(base.with_overrides([f"train.out_dir={tmp_path / 'plain'}"]), echo=_quiet)
+    hinted_cfg = base.with_overrides(
+        ["model.initial_capacity=20", f"train.out_dir={tmp_path / 'hinted'}"]
+    )
+    hinted = train(hinted_cfg, echo=_quiet)
+    assert [t.config.initial_capacity for t in hinted.model.engine.tables] == [20] * len(
+        SPARSE_NAMES
+    )
+    assert all(t.config.initial_capacity is None for t in plain.model.engine.tables)
+    assert hinted.history == plain.history
+    assert hinted.final == plain.final
+    rows = [plain.model.engine.table_info(n)["rows"] for n in SPARSE_NAMES]
+    assert [hinted.model.engine.table_info(n)["rows"] for n in SPARSE_NAMES] == rows
+    assert max(rows) > 20
+    a, _ = load_checkpoint(hinted.checkpoint)
+    b, _ = load_checkpoint(plain.checkpoint)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -4,7 +4,8 @@
 :class:`LookupWithUpdate`, and ``EmbeddingEngine.stacked`` the one tensor of
 :class:`StackedLookupWithUpdate`; autograd's backward hands them d(loss)/d(activation)
 (``None`` for unused outputs, read as zeros) and they run the same update as
-``apply_gradients``, once. See docs/architecture.md.
+``apply_gradients``, once (refusing a PreparedBatch changed in place since the lookup). See
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def _apply_once(
             "applied (do not retain_graph through the engine)"
         )
     engine: Any = ctx.engine
+    if ctx.prepared is not None:  # changed in place since the lookup? (nothing is updated)
+        ctx.prepared.check_unchanged(engine._ops, engine._features, "backward")
     shaped = (
         grads
         if checked
@@ -39,22 +42,24 @@ def _apply_once(
     )
     engine._apply_gradients(ctx.batches, shaped, whole, checked=checked)
     ctx.applied = True
-    ctx.engine = ctx.batches = None  # the node may outlive this step: let the engine go
+    ctx.engine = ctx.batches = ctx.prepared = (
+        None  # the node may outlive this step: let the engine go
+    )
 
 
 class LookupWithUpdate(torch.autograd.Function):
     """Forward: the lookup, one activation per feature. Backward: the engine's update."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: Tensor, engine: Any, batches: list) -> Any:
-        ctx.engine, ctx.batches, ctx.applied = engine, batches, False
+    def forward(ctx: Any, anchor: Tensor, engine: Any, batches: list, prepared: Any) -> Any:
+        ctx.engine, ctx.batches, ctx.prepared, ctx.applied = engine, batches, prepared, False
         ctx.set_materialize_grads(False)
         return tuple(engine._lookup(batches, training=True))
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
         _apply_once(ctx, list(grads))
-        return None, None, None
+        return None, None, None, None
 
 
 class StackedLookupWithUpdate(torch.autograd.Function):
@@ -62,8 +67,10 @@ class StackedLookupWithUpdate(torch.autograd.Function):
     with the gradient's ``[..., f, :]`` slice for feature ``f`` (no copy)."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: Tensor, engine: Any, batches: list, shape: tuple) -> Tensor:
-        ctx.engine, ctx.batches, ctx.applied = engine, batches, False
+    def forward(
+        ctx: Any, anchor: Tensor, engine: Any, batches: list, shape: tuple, prepared: Any
+    ) -> Tensor:
+        ctx.engine, ctx.batches, ctx.prepared, ctx.applied = engine, batches, prepared, False
         ctx.set_materialize_grads(False)
         out = torch.empty(shape, dtype=torch.float32, device=engine.device)
         engine._lookup(batches, out=out, training=True)
@@ -73,11 +80,11 @@ class StackedLookupWithUpdate(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor | None) -> Any:
         if grad is None:
             _apply_once(ctx, [None] * len(ctx.batches))
-            return None, None, None, None
+            return None, None, None, None, None
         # autograd gave the output's shape and device: the gradient is checked once, whole,
         # rather than feature by feature (every feature's slice is (S, dim) of it)
         grad = grad.detach().to(torch.float32)
         flat = grad.reshape(-1, grad.shape[-2], grad.shape[-1])  # (S, F, dim)
         whole = flat if flat.is_contiguous() else None
         _apply_once(ctx, list(flat.unbind(1)), whole, checked=True)
-        return None, None, None, None
+        return None, None, None, None, None

@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from embcore._numba.ids import copy_checked_ids
+from embcore._one_per_sample import one_per_sample
 from embcore.config import ResolvedFeature, ResolvedTable
-from embcore.inputs import FeatureBatch, _one_per_sample
+from embcore.inputs import FeatureBatch
 
 __all__ = ["DensePlan", "dense_batches", "dense_plan"]
 
@@ -97,7 +98,7 @@ def dense_batches(
     if copy_checked_ids(sources_table, plan.limits, block) >= 0:
         return None  # the per-feature path raises, naming the feature and the id
     values = torch.from_numpy(block)
-    offsets, output_shape = _one_per_sample(samples), (samples,)
+    offsets, output_shape = one_per_sample(samples), (samples,)
     return [
         FeatureBatch(v, offsets, None, combiner, output_shape)
         for v, combiner in zip(values.unbind(0), plan.combiners, strict=True)

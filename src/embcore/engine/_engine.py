@@ -252,21 +252,31 @@ class EmbeddingEngine(
 
     def prepare(self, features: Any, weights: Any = None) -> PreparedBatch:
         """Validate and convert a batch ahead of time (see :class:`PreparedBatch`); tables in
-        ``DiskStorage`` start reading its rows that are not cached."""
+        ``DiskStorage`` start reading its rows that are not cached.
+
+        The batch's tensors are made outside ``torch.inference_mode`` (whose tensors have no
+        version counter), so that a change made to them in place later is seen: every use of
+        the batch then refuses it (:meth:`PreparedBatch.check_unchanged`)."""
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                return self.prepare(features, weights)
         batches = tuple(self._prepare(features, weights))
         prefetch = getattr(self.store, "prefetch", None)
         if prefetch is not None:
             prefetch(self._by_table(list(batches)))
         self._ops.prepared(batches)  # valid: the operators need not check it again
-        return PreparedBatch(batches, id(self))
+        return PreparedBatch(batches, id(self)).seal(self._ops)
 
-    def _batches(self, features: Any, weights: Any) -> list[FeatureBatch]:
+    def _batches(self, features: Any, weights: Any, caller: str) -> list[FeatureBatch]:
+        """A batch's converted features: ``features`` converted now, or a PreparedBatch of this
+        engine, refused if it was changed in place after it was prepared."""
         if not isinstance(features, PreparedBatch):
             return self._prepare(features, weights)
         if features.engine != id(self):
             raise ValueError("EmbeddingEngine: this PreparedBatch was prepared by another engine")
         if weights is not None:
             raise ValueError("EmbeddingEngine: pass weights to prepare(), not with a PreparedBatch")
+        features.check_unchanged(self._ops, self._features, caller)
         return list(features.batches)
 
     def _by_table(self, flat: list[Any]) -> list[list[Any]]:
@@ -357,11 +367,12 @@ class EmbeddingEngine(
 
     @torch.compiler.disable  # never traced (engine/_compiled.py: _eager)
     def _forward(self, features: Any, weights: Any) -> Any:
-        batches = self._batches(features, weights)
+        batches = self._batches(features, weights, "forward")
         if not self._trains():
             return self._pack(self._lookup(batches), batches)
         anchor = torch.zeros(0, requires_grad=True)
-        return self._pack(list(LookupWithUpdate.apply(anchor, self, batches)), batches)
+        prepared = _prepared(features)
+        return self._pack(list(LookupWithUpdate.apply(anchor, self, batches, prepared)), batches)
 
     def _trains(self) -> bool:
         trainable = all(t.optimizer is not None for t in self._tables)
@@ -391,11 +402,16 @@ class EmbeddingEngine(
 
     @torch.compiler.disable  # never traced (engine/_compiled.py: _eager)
     def _stacked(self, features: Any, weights: Any) -> Tensor:
-        batches = self._batches(features, weights)
+        batches = self._batches(features, weights, "stacked")
         shape = stacked_shape(self._features, self._tables, [b.output_shape for b in batches])
         if not self._trains():
             out = torch.empty(shape, dtype=torch.float32, device=self.device)
             self._lookup(batches, out=out)
             return out
         anchor = torch.zeros(0, requires_grad=True)
-        return StackedLookupWithUpdate.apply(anchor, self, batches, shape)
+        return StackedLookupWithUpdate.apply(anchor, self, batches, shape, _prepared(features))
+
+
+def _prepared(features: Any) -> PreparedBatch | None:
+    """``features`` if it is a PreparedBatch (which the update checks again), else ``None``."""
+    return features if isinstance(features, PreparedBatch) else None

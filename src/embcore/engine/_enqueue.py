@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from embcore.engine._batch import PreparedBatch
 from embcore.inputs import FeatureBatch
 
 __all__ = ["EnqueueDequeue", "Pending"]
@@ -25,6 +26,7 @@ class Pending:
 
     batches: list[FeatureBatch]
     training: bool
+    prepared: PreparedBatch | None  # the batch as given, when prepared (checked at each use)
     dequeued: bool = False
 
 
@@ -32,6 +34,8 @@ class EnqueueDequeue:
     """``enqueue`` / ``dequeue`` / ``apply_gradients`` of :class:`EmbeddingEngine`."""
 
     _pending: Pending | None
+    _features: Any
+    _ops: Any
 
     def enqueue(self, features: Any, weights: Any = None, training: bool = True) -> None:
         """Validate and convert a batch for the next :meth:`dequeue`.
@@ -61,8 +65,9 @@ class EnqueueDequeue:
                 )
         if training:
             self._require_optimizers("enqueue(training=True)")
-        batches = self._batches(features, weights)
-        self._pending = Pending(batches, bool(training))
+        batches = self._batches(features, weights, "enqueue")
+        prepared = features if isinstance(features, PreparedBatch) else None
+        self._pending = Pending(batches, bool(training), prepared)
 
     def dequeue(self) -> Any:
         """The activations of the enqueued batch, in the feature config's structure.
@@ -74,6 +79,7 @@ class EnqueueDequeue:
         pending = self._pending
         if pending is None or pending.dequeued:
             raise RuntimeError("EmbeddingEngine.dequeue: no batch enqueued; call enqueue() first")
+        self._check_pending(pending, "dequeue")
         flat = self._lookup(pending.batches, training=pending.training)
         if pending.training:
             flat = [a.requires_grad_(True) for a in flat]
@@ -114,9 +120,21 @@ class EnqueueDequeue:
                 stacklevel=4,  # the caller of apply_gradients
             )
 
+        self._check_pending(pending, "apply_gradients")
         flat = self._flatten(gradients, "gradients")
         self._apply_gradients(pending.batches, flat, missing=missing)
         self._pending = None
+
+    def _check_pending(self, pending: Pending, caller: str) -> None:
+        """Refuse an enqueued PreparedBatch changed in place since: nothing is looked up or
+        updated, and the batch is dropped (it can never be used), so ``enqueue`` works again."""
+        if pending.prepared is None:
+            return
+        try:
+            pending.prepared.check_unchanged(self._ops, self._features, caller)
+        except ValueError:
+            self._pending = None
+            raise
 
     def _require_optimizers(self, what: str) -> None:
         missing = [t.name for t in self._tables if t.optimizer is None]

@@ -2,11 +2,12 @@
 
 ``torch.ops.embcore.lookup`` and ``update`` check every argument (:mod:`._op_inputs`), a pass
 over each feature's ids and offsets. In a compiled training step that work is done already
-twice over: the engine validated the batch when it prepared it (``engine.prepare``, which the
-eager path trusts from then on), and the update in the lookup's backward is given the very
-tensors the lookup was. So each engine's operators hold, weakly, the batches known good, its
-own prepared batches and the batches a lookup checked, and skip the per-feature checks for
-them (the number of features and the stacked shape are still checked).
+twice over: the engine validated the batch when it prepared it (``engine.prepare``; the
+eager path then only checks that no tensor of it changed since), and the update in the
+lookup's backward is given the very tensors the lookup was. So each engine's operators hold,
+weakly, the batches known good, its own prepared batches and the batches a lookup checked, and
+skip the per-feature checks for them (the number of features and the stacked shape are still
+checked).
 
 A batch is known while every tensor it was given as is alive and unchanged: its version
 counter, which every in-place change through PyTorch moves, is what it was. A tensor given to
@@ -14,9 +15,9 @@ an operator matches the one held when it is that very tensor, or an alias of it:
 storage, offset, shape, strides and dtype (:meth:`torch.Tensor.is_set_to`) and the same
 version (a compiled graph hands its backward such aliases of its inputs). A tensor that was
 freed is never matched, even where a new one took its memory. As for a ``PreparedBatch`` in
-eager mode, writes that bypass the version counter (through ``.numpy()``, ``.data`` or another
-framework) are not seen. Inference tensors (``torch.inference_mode``) have no version counter:
-they are never held, always checked.
+eager mode (refused once changed), writes that bypass the version counter (through
+``.numpy()``, ``.data`` or another framework) are not seen. Inference tensors
+(``torch.inference_mode``) have no version counter: they are never held, always checked.
 """
 
 from __future__ import annotations

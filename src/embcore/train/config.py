@@ -177,6 +177,10 @@ class ModelConfig(_Section):
             (0: never).
         max_rows: dynamic tables keep at most this many rows each, the least frequently used
             go first (0: no limit).
+        initial_capacity: dynamic tables reserve memory for this many keys each when the
+            engine is built (``TableConfig(initial_capacity=...)``: no growth and no first
+            touch of fresh memory in the training steps until then; the same results); 0: none.
+            Only with ``tables = "dynamic"``.
         storage: ``memory``, or ``disk``: the tables in ``DiskStorage`` under the run's
             ``out_dir/rows``, behind one RAM cache of ``cache_bytes`` (docs/disk_tables.md).
         cache_bytes: the disk tables' cache.
@@ -194,6 +198,7 @@ class ModelConfig(_Section):
     min_count: int = 1
     steps_to_live: int = 0
     max_rows: int = 0
+    initial_capacity: int = 0
     storage: typing.Literal["memory", "disk"] = "memory"
     cache_bytes: int = 64 << 20
 
@@ -203,6 +208,13 @@ class ModelConfig(_Section):
         self._require(self.min_count >= 1, "min_count", "an int >= 1")
         self._require(self.steps_to_live >= 0, "steps_to_live", "an int >= 0 (0: never)")
         self._require(self.max_rows >= 0, "max_rows", "an int >= 0 (0: no limit)")
+        self._require(self.initial_capacity >= 0, "initial_capacity", "an int >= 0 (0: none)")
+        if self.initial_capacity and self.tables != "dynamic":
+            raise UserError(
+                f"[model] initial_capacity = {self.initial_capacity} reserves keys of dynamic "
+                f'tables, but tables = "{self.tables}"; set tables = "dynamic" or leave '
+                "initial_capacity at 0"
+            )
         for name in ("bottom_mlp", "top_mlp"):
             self._require(all(n >= 1 for n in getattr(self, name)), name, "sizes >= 1")
         self._require(self.dcn_layers >= 1, "dcn_layers", "an int >= 1")

@@ -100,6 +100,7 @@ def _table(cfg: ModelConfig, name: str, vocab: int, init: Any) -> ec.TableConfig
         eviction=ec.Eviction(steps_to_live=cfg.steps_to_live or None, max_rows=cfg.max_rows or None)
         if evict
         else None,
+        initial_capacity=cfg.initial_capacity or None,
     )
 
 

@@ -39,6 +39,7 @@ def check_resources(config: Config, memory: int | None = None) -> None:
     rows = sum(capped_vocab_sizes(d.vocab_cap))  # a dynamic table holds at most its ids
     if m.tables == "dynamic" and m.max_rows:
         rows = sum(min(v, m.max_rows) for v in capped_vocab_sizes(d.vocab_cap))
+    opt, in_memory = config.optim.embedding_optimizer, m.storage == "memory"
     width = (NUM_SPARSE + 1) * m.embedding_dim
     dense_params = width * width * (m.dcn_rank == 0) * m.dcn_layers + width * (
         sum(m.bottom_mlp) + sum(m.top_mlp)
@@ -53,6 +54,10 @@ def check_resources(config: Config, memory: int | None = None) -> None:
         "one step's activations ([data] batch_size)": 4.0
         * d.batch_size
         * (3 * width + NUM_DENSE + 2 * NUM_SPARSE + sum(m.bottom_mlp) + sum(m.top_mlp)),
+        # each key's own 8 bytes in the index, and its row and slots when they are in memory
+        "one dynamic table's reserved keys ([model] initial_capacity, embedding_dim)": (
+            m.initial_capacity * (8.0 + 4.0 * m.embedding_dim * (1 + slots[opt]) * in_memory)
+        ),
         "the held-out rows ([data] eval_rows)": 4.0
         * d.eval_rows
         * (NUM_DENSE + 2 * NUM_SPARSE + 1),
