@@ -1,4 +1,4 @@
-"""Many one-id dense features converted at once: a DLRM's categorical fields.
+"""Many one-id dense or ragged features converted at once: a DLRM's categorical fields.
 
 The common raw input of a recommendation model is one ``(B,) int64`` tensor of ids per
 feature. :func:`~embcore.inputs.to_feature_batch` converts each on its own (checks, a range
@@ -6,8 +6,10 @@ check, a copy: about 20 us of tensor calls and Python per feature); :func:`dense
 gives the same batches for all of them with one kernel call that copies every id into one
 ``(F, B)`` block and range-checks it on the way (:func:`embcore._numba.ids.copy_checked_ids`),
 and hands every other input (and any bad one, so that its error names the feature) to the
-per-feature path. What depends only on the engine's features is worked out once
-(:func:`dense_plan`).
+per-feature path. :func:`ragged_batches` does the same for :class:`~embcore.inputs.RaggedIds`
+inputs, checking their row splits in the same pass
+(:func:`embcore._numba.ids.copy_checked_ragged`). What depends only on the engine's features is
+worked out once (:func:`dense_plan`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from embcore._numba.ids import copy_checked_ids
+from embcore._numba.ids import copy_checked_ids, copy_checked_ragged
 from embcore._one_per_sample import one_per_sample
 from embcore.config import ResolvedFeature, ResolvedTable
-from embcore.inputs import FeatureBatch
+from embcore.inputs import FeatureBatch, RaggedIds
 
-__all__ = ["DensePlan", "dense_batches", "dense_plan"]
+__all__ = ["DensePlan", "dense_batches", "dense_plan", "ragged_batches"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +76,8 @@ def dense_batches(
     if plan is None or device.type != "cpu" or len(ids) != len(plan.limits):
         return None
     first = ids[0]
+    if type(first) is RaggedIds:
+        return ragged_batches(plan, ids)
     if type(first) is not Tensor:
         return None
     shape = first.shape
@@ -103,3 +107,53 @@ def dense_batches(
         FeatureBatch(v, offsets, None, combiner, output_shape)
         for v, combiner in zip(values.unbind(0), plan.combiners, strict=True)
     ]
+
+
+def _plain(x: Any) -> bool:
+    """``x`` is a plain contiguous 1-D int64 CPU tensor: its memory holds its elements."""
+    return (
+        type(x) is Tensor
+        and x.layout is torch.strided
+        and x.dtype is torch.int64
+        and x.is_cpu
+        and x.dim() == 1
+        and x.is_contiguous()
+        and not x.is_neg()
+    )
+
+
+def ragged_batches(plan: DensePlan, ids: Sequence[Any]) -> list[FeatureBatch] | None:
+    """What ``to_feature_batch`` gives each feature, where every input is a
+    :class:`~embcore.inputs.RaggedIds` of contiguous int64 CPU ids in range and row splits
+    that are still valid (they may have changed in place since it was built); else ``None``.
+
+    The batches' ids and offsets are slices of one copy of all the inputs' ids and one of all
+    their row splits (so, as on the per-feature path, none is a view of the caller's tensors).
+    """
+    sources: list[int] = []  # per feature: its ids' address and count, its splits' and rows
+    for x in ids:
+        if type(x) is not RaggedIds or not (_plain(x.values) and _plain(x.row_splits)):
+            return None
+        rows = x.row_splits.shape[0] - 1
+        if rows < 0:
+            return None
+        sources += (x.values.data_ptr(), x.values.shape[0], x.row_splits.data_ptr(), rows)
+    table = np.array(sources, dtype=np.int64).reshape(-1, 4)
+    values = np.empty(int(table[:, 1].sum()), dtype=np.int64)  # the batches' own copies
+    splits = np.empty(int(table[:, 3].sum()) + len(ids), dtype=np.int64)
+    if copy_checked_ragged(table, plan.limits, values, splits) >= 0:
+        return None  # the per-feature path raises, naming the feature and the bad value
+    values_t, splits_t = torch.from_numpy(values), torch.from_numpy(splits)
+    batches, at_value, at_split = [], 0, 0
+    for (_, count, _, rows), combiner in zip(table.tolist(), plan.combiners, strict=True):
+        batches.append(
+            FeatureBatch(
+                values_t[at_value : at_value + count],
+                splits_t[at_split : at_split + rows + 1],
+                None,
+                combiner,
+                (rows,),
+            )
+        )
+        at_value, at_split = at_value + count, at_split + rows + 1
+    return batches
