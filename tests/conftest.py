@@ -43,3 +43,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dry_run and getattr(item.module, "RUNS_IN_DRY_RUN", False):
             continue
         item.add_marker(skip)
+
+
+@pytest.fixture
+def op_feature_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The custom operators (``"lookup"``, ``"update"``) that ran their per-feature input
+    checks, in order (tests of the known batches, :mod:`embcore.ops._known_batches`)."""
+    from embcore.ops import _op_inputs
+
+    ran: list[str] = []
+    features = _op_inputs._features
+
+    def counted(op: str, *args: object) -> None:
+        ran.append(op)
+        features(op, *args)
+
+    monkeypatch.setattr(_op_inputs, "_features", counted)
+    return ran

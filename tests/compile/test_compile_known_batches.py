@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from compile_cases import VOCAB, batches, small_dlrm
 
 import embcore as ec
-from embcore.ops import _op_inputs
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
@@ -27,20 +26,6 @@ def _fresh_dynamo() -> None:
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The operators that ran the per-feature checks, in order."""
-    ran: list[str] = []
-    features = _op_inputs._features
-
-    def counted(op: str, *args: object) -> None:
-        ran.append(op)
-        features(op, *args)
-
-    monkeypatch.setattr(_op_inputs, "_features", counted)
-    return ran
-
-
 def _step(model, forward, dense, ids, labels) -> None:
     loss = F.binary_cross_entropy_with_logits(forward(dense, ids), labels)
     loss.backward()
@@ -51,7 +36,7 @@ def _tables(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_a_prepared_batch_is_checked_only_when_changed_in_place(checks) -> None:
+def test_a_prepared_batch_is_checked_only_when_changed_in_place(op_feature_checks) -> None:
     """Inductor, the main job's compile: after the step that compiles, steps run no
     per-feature check; a batch changed in place after it was prepared is refused."""
     model = small_dlrm()
@@ -59,7 +44,7 @@ def test_a_prepared_batch_is_checked_only_when_changed_in_place(checks) -> None:
     steps = batches([16, 16, 16, 16])
     for dense, sparse, labels in steps[:3]:
         _step(model, forward, dense, model.engine.prepare(model.features(sparse)), labels)
-    assert checks == ["lookup"]  # the first lookup, before the operators were in use
+    assert op_feature_checks == ["lookup"]  # the first lookup, before the operators were in use
     dense, sparse, labels = steps[3]
     prepared = model.engine.prepare(model.features(sparse))
     prepared.batches[5].values[3] = VOCAB + 7

@@ -8,10 +8,10 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from batch_cases import assert_same, per_feature, shares_one_copy
 
 import embcore as ec
 from embcore._numba.ids import copy_checked_ids
-from embcore.inputs import FeatureBatch, to_feature_batch
 
 
 def make_engine(safe: bool = False) -> ec.EmbeddingEngine:
@@ -28,25 +28,6 @@ def inputs(samples: int = 6) -> dict[str, torch.Tensor]:
     return {
         f"f{i}": torch.randint(0, v, (samples,), generator=gen) for i, v in enumerate((10, 30, 7))
     }
-
-
-def per_feature(engine: ec.EmbeddingEngine, batch: dict) -> list[FeatureBatch]:
-    return [
-        to_feature_batch(f, engine.tables[f.table], batch[f.name], None, engine.device)
-        for f in engine.features
-    ]
-
-
-def assert_same(got: list[FeatureBatch], want: list[FeatureBatch]) -> None:
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g.values, w.values) and g.values.dtype == w.values.dtype
-        assert torch.equal(g.offsets, w.offsets)
-        assert (g.weights, g.combiner, g.output_shape) == (w.weights, w.combiner, w.output_shape)
-
-
-def shares_one_copy(batches: tuple[FeatureBatch, ...]) -> bool:
-    storages = {b.values.untyped_storage().data_ptr() for b in batches}
-    return len(storages) == 1
 
 
 @pytest.mark.parametrize("samples", [6, 0])

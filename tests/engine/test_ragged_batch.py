@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from batch_cases import assert_same, per_feature, shares_one_copy
 
 import embcore as ec
 from embcore._numba.ids import copy_checked_ragged
-from embcore.inputs import FeatureBatch, to_feature_batch
 
 VOCABS = (10, 30, 7)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -34,24 +34,6 @@ def ragged(rows: int, vocab: int, gen: torch.Generator) -> ec.RaggedIds:
 def inputs(rows: int = 6, seed: int = 0) -> dict[str, ec.RaggedIds]:
     gen = torch.Generator().manual_seed(seed)
     return {f"f{i}": ragged(rows, v, gen) for i, v in enumerate(VOCABS)}
-
-
-def per_feature(engine: ec.EmbeddingEngine, batch: dict) -> list[FeatureBatch]:
-    return [
-        to_feature_batch(f, engine.tables[f.table], batch[f.name], None, engine.device)
-        for f in engine.features
-    ]
-
-
-def assert_same(got: list[FeatureBatch], want: list[FeatureBatch]) -> None:
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g.values, w.values) and g.values.dtype == w.values.dtype
-        assert torch.equal(g.offsets, w.offsets) and g.offsets.dtype == w.offsets.dtype
-        assert (g.weights, g.combiner, g.output_shape) == (w.weights, w.combiner, w.output_shape)
-
-
-def shares_one_copy(batches: tuple[FeatureBatch, ...]) -> bool:
-    return len({b.values.untyped_storage().data_ptr() for b in batches}) == 1
 
 
 @pytest.mark.parametrize(("rows", "seed"), [(6, 0), (1, 1), (0, 2), (40, 3)])

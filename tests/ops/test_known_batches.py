@@ -17,25 +17,11 @@ import torch
 from test_op_inputs import _engine, _good, _lookup, _state, _update
 
 import embcore as ec
-from embcore.ops import _known_batches, _library, _op_inputs
+from embcore.ops import _known_batches, _library
 
 #: the message of the id made bad below (feature 'z', position 2, table 'b' of 30 rows)
 BAD_ID = r"feature 'z': id 30 at position 2 is out of range for table 'b' with vocabulary_size 30"
 RAGGED = ec.RaggedIds.from_lists([[1, 2, 2], [], [5]])
-
-
-@pytest.fixture
-def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The operators that ran the per-feature checks, in order."""
-    ran: list[str] = []
-    features = _op_inputs._features
-
-    def counted(op: str, *args: object) -> None:
-        ran.append(op)
-        features(op, *args)
-
-    monkeypatch.setattr(_op_inputs, "_features", counted)
-    return ran
 
 
 def _prepared(engine: ec.EmbeddingEngine) -> dict:
@@ -54,13 +40,13 @@ def _grads() -> list[torch.Tensor]:
     return [torch.ones(3, 4) for _ in range(3)]
 
 
-def test_a_prepared_batch_is_not_checked_until_changed_in_place(checks) -> None:
+def test_a_prepared_batch_is_not_checked_until_changed_in_place(op_feature_checks) -> None:
     engine = _engine()
     _lookup(engine, _good(engine))  # the operators are in use: prepared batches are held
     args = _prepared(engine)
     _lookup(engine, args, training=True)
     _update(engine, args, _grads())
-    assert checks == ["lookup"]  # the first call's own arguments only
+    assert op_feature_checks == ["lookup"]  # the first call's own arguments only
     args["values"][2][2] = 30  # in place, after the engine validated it
     before = _state(engine)
     with pytest.raises(ValueError, match=r"embcore::lookup: " + BAD_ID):
@@ -70,19 +56,19 @@ def test_a_prepared_batch_is_not_checked_until_changed_in_place(checks) -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, _state(engine), strict=True))
 
 
-def test_a_checked_batch_is_known_to_the_update_until_changed_in_place(checks) -> None:
+def test_a_checked_batch_is_known_to_the_update_until_changed_in_place(op_feature_checks) -> None:
     engine = _engine()
     args = _good(engine)
     _lookup(engine, args, training=True)
     _update(engine, args, _grads())  # what the lookup's backward does
-    assert checks == ["lookup"]
+    assert op_feature_checks == ["lookup"]
     args["offsets"][0][1] = 7  # past the ids: the kernels would read outside the batch
     with pytest.raises(ValueError, match=r"embcore::update: feature 'x': offsets must never"):
         _update(engine, args, _grads())
-    assert checks == ["lookup", "update"]
+    assert op_feature_checks == ["lookup", "update"]
 
 
-def test_a_freed_tensor_is_not_trusted_where_a_new_one_took_its_memory(checks) -> None:
+def test_a_freed_tensor_is_not_trusted_where_a_new_one_took_its_memory(op_feature_checks) -> None:
     """A new tensor at the freed one's address, with its shape, strides, dtype and version
     (as an allocator reusing the memory makes one) is checked."""
     engine = _engine()
@@ -98,10 +84,10 @@ def test_a_freed_tensor_is_not_trusted_where_a_new_one_took_its_memory(checks) -
     args["values"][2] = torch.from_numpy(ids)  # at the freed tensor's address, version 0
     with pytest.raises(ValueError, match=r"embcore::lookup: " + BAD_ID):
         _lookup(engine, args)
-    assert checks == ["lookup", "lookup"]
+    assert op_feature_checks == ["lookup", "lookup"]
 
 
-def test_an_alias_is_known_while_unchanged(checks) -> None:
+def test_an_alias_is_known_while_unchanged(op_feature_checks) -> None:
     """An alias of a checked tensor (the same memory, shape and strides: what a compiled
     graph hands its backward) is known; one written through, or one of other memory, is not."""
     engine = _engine()
@@ -109,17 +95,17 @@ def test_an_alias_is_known_while_unchanged(checks) -> None:
     _lookup(engine, args)
     alias = {**args, "values": [v.detach() for v in args["values"]]}
     _lookup(engine, alias)
-    assert checks == ["lookup"]
+    assert op_feature_checks == ["lookup"]
     shifted = torch.tensor([0, 1, 2, 2, 5])[1:]  # equal values, other memory
     _lookup(engine, {**args, "values": [*args["values"][:2], shifted]})
-    assert checks == ["lookup", "lookup"]
+    assert op_feature_checks == ["lookup", "lookup"]
     alias["values"][2][2] = 30  # through the alias: the original changed too
     for given in (alias, args):
         with pytest.raises(ValueError, match=r"embcore::lookup: " + BAD_ID):
             _lookup(engine, given)
 
 
-def test_inference_tensors_are_always_checked(checks) -> None:
+def test_inference_tensors_are_always_checked(op_feature_checks) -> None:
     """Tensors made under ``torch.inference_mode`` have no version counter: never held
     (``engine.prepare`` makes normal tensors even there, so these are copies)."""
     engine = _engine()
@@ -134,7 +120,7 @@ def test_inference_tensors_are_always_checked(checks) -> None:
     with torch.no_grad():
         want = engine({"x": RAGGED, "y": torch.tensor([3, 4, 5]), "z": RAGGED})
     torch.testing.assert_close(acts[2], want["z"], rtol=0, atol=0)
-    assert checks == ["lookup", "lookup", "lookup"]
+    assert op_feature_checks == ["lookup", "lookup", "lookup"]
 
 
 def _batch(n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
